@@ -1,0 +1,163 @@
+//! The final-state document of SPEC §9, materialised from the three stages (and what the API serves).
+
+use crate::engine::Engine;
+use crate::input::Provider;
+use crate::money::Money;
+use crate::output::{OrderKind, Output};
+use crate::stages::agent::state::{Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord,
+    StatusChange, SubState, TimelineEntry};
+use crate::stages::merchant::MerchantEntry;
+use crate::stages::order::{MainOrder, OrderState};
+use crate::time::Timestamp;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Serialize)]
+pub struct Document<'a> {
+    pub clock: Timestamp,
+    pub users: BTreeMap<&'a str, UserView<'a>>,
+    pub merchants: BTreeMap<&'a str, MerchantView<'a>>,
+    pub orders: BTreeMap<&'a str, OrderView<'a>>,
+    pub outputs: &'a [Output],
+}
+
+#[derive(Debug, Serialize)]
+pub struct CardView {
+    pub provider: Provider,
+    pub auth: CardAuth,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UserView<'a> {
+    pub status: crate::stages::agent::state::AgentStatus,
+    pub available: Money,
+    pub frozen: Money,
+    pub deferred: Money,
+    pub reconciliation_total: Money,
+    pub dispatch_eligible: bool,
+    pub cards: BTreeMap<&'a str, CardView>,
+    pub holds: &'a [Hold],
+    pub journal: &'a [JournalEntry],
+    pub status_history: &'a [StatusChange],
+}
+
+#[derive(Debug, Serialize)]
+pub struct MerchantView<'a> {
+    pub available: Money,
+    pub payout_reserve: Money,
+    pub journal: &'a [MerchantEntry],
+}
+
+#[derive(Debug, Serialize)]
+pub struct SubOrderView<'a> {
+    pub seq: u32,
+    pub user_id: &'a str,
+    pub card_id: &'a str,
+    pub state: SubState,
+    pub flags: Vec<Flag>,
+    pub utrs: &'a [String],
+    pub matched_txn_ids: &'a [String],
+    pub paid_total: Money,
+    #[serde(rename = "match")]
+    pub matched: Option<&'a MatchRecord>,
+    /// R-AUDIT-1: the decisions on this sub-order, with rule ids and evidence.
+    pub timeline: Vec<&'a TimelineEntry>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrderView<'a> {
+    pub kind: OrderKind,
+    pub merchant_id: &'a str,
+    pub amount: Money,
+    pub state: OrderState,
+    pub utr: Option<&'a str>,
+    pub settled: bool,
+    pub debt_batches: Vec<&'a DebtBatch>,
+    pub sub_orders: Vec<SubOrderView<'a>>,
+}
+
+/// The user view of an agent.
+pub fn user_view(agent: &Agent) -> UserView<'_> {
+    let Balances { available, frozen, deferred } = agent.balances();
+    UserView {
+        status: agent.status,
+        available,
+        frozen,
+        deferred,
+        reconciliation_total: available.plus(frozen),
+        dispatch_eligible: agent.dispatch_eligible(),
+        cards: agent.cards.iter().map(|(id, card)| (id.as_str(), CardView { provider: card.provider, auth: card.auth })).collect(),
+        holds: &agent.holds,
+        journal: &agent.journal,
+        status_history: &agent.status_history,
+    }
+}
+
+/// The order view, joining the order stage's order with the agent stage's sub-orders and holds.
+pub fn order_view<'a>(engine: &'a Engine, order: &'a MainOrder) -> OrderView<'a> {
+    let mut sub_orders = Vec::with_capacity(order.sub_orders.len());
+    let mut debt_batches = Vec::new();
+    let mut settled = true;
+    for reference in &order.sub_orders {
+        let Some(agent) = engine.agents.agents.get(&reference.user_id) else { continue };
+        let Some(&index) = agent.sub_index.get(&(order.order_id.clone(), reference.seq)) else { continue };
+        let sub = &agent.subs[index];
+        if let Some(hold_id) = sub.hold_id {
+            let hold = agent.hold(hold_id);
+            debt_batches.extend(hold.debt_batches.iter());
+            settled &= hold.state != HoldState::Deferred;
+        }
+        sub_orders.push(SubOrderView {
+            seq: sub.seq,
+            user_id: &agent.user_id,
+            card_id: &sub.card_id,
+            state: sub.state,
+            flags: sub.flags.iter().copied().collect(),
+            utrs: &sub.utrs,
+            matched_txn_ids: &sub.matched_txn_ids,
+            paid_total: sub.paid_total,
+            matched: sub.matched.as_ref(),
+            timeline: sub.timeline.entries.iter().collect(),
+        });
+    }
+    OrderView {
+        kind: order.kind,
+        merchant_id: &order.merchant_id,
+        amount: order.amount,
+        state: order.state,
+        utr: order.utr.as_deref(),
+        settled,
+        debt_batches,
+        sub_orders,
+    }
+}
+
+impl Engine {
+    /// The SPEC §9 document of the current state.
+    pub fn document(&self) -> Document<'_> {
+        Document {
+            clock: self.clock(),
+            users: self.agents.agents.iter().map(|(id, agent)| (id.as_str(), user_view(agent))).collect(),
+            merchants: self
+                .merchants
+                .merchants
+                .iter()
+                .map(|(id, merchant)| {
+                    (id.as_str(), MerchantView {
+                        available: merchant.balances.available,
+                        payout_reserve: merchant.balances.payout_reserve,
+                        journal: &merchant.journal,
+                    })
+                })
+                .collect(),
+            orders: self
+                .orders
+                .orders
+                .iter()
+                .filter(|(_, order)| !order.creating)
+                .map(|(id, order)| (id.as_str(), order_view(self, order)))
+                .collect(),
+            outputs: self.outputs(),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The engine: the three stages composed the way SPEC §3 and §9 define their interplay. Each input, and
+//! everything it causes in every stage, is processed before the next input or timer (one FIFO queue of
+//! internal events). Timers are state: one due strictly before an input's `at` fires before it, one due
+//! exactly at it fires after it, ties in creation order. Same inputs → same outputs, byte for byte.
+
+use crate::config::Config;
+use crate::input::{Command, Input};
+use crate::output::{Output, OutputBody};
+use crate::stages::agent::AgentStage;
+use crate::stages::merchant::MerchantStage;
+use crate::stages::order::OrderStage;
+use crate::stages::{AgentBody, Effects, Message, MerchantBody, OrderBody, Timer};
+use crate::time::Timestamp;
+use crate::wallet_sim::{ProviderTimer, WalletSim};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+/// Internal events one input may cause before the engine declares a livelock (a bug, not bad input).
+const CASCADE_EVENTS_MAX: usize = 1_000_000;
+
+pub struct Engine {
+    pub config: Config,
+    pub orders: OrderStage,
+    pub agents: AgentStage,
+    pub merchants: MerchantStage,
+    /// The simulated provider, when this engine answers its own crawl requests (replay, demos).
+    pub provider: Option<WalletSim>,
+    timers: BTreeMap<(Timestamp, u64), Timer>,
+    timers_created: u64,
+    clock: Timestamp,
+    seen_event_ids: HashSet<String>,
+    outputs: Vec<Output>,
+    effects: Effects,
+}
+
+impl Engine {
+    pub fn new(config: Config, provider: Option<WalletSim>) -> Engine {
+        Engine {
+            agents: AgentStage::new(config.clone()),
+            config,
+            orders: OrderStage::default(),
+            merchants: MerchantStage::default(),
+            provider,
+            timers: BTreeMap::new(),
+            timers_created: 0,
+            clock: Timestamp::default(),
+            seen_event_ids: HashSet::new(),
+            outputs: Vec::new(),
+            effects: Effects::default(),
+        }
+    }
+
+    /// The largest event time consumed (SPEC §3).
+    pub fn clock(&self) -> Timestamp {
+        self.clock
+    }
+
+    pub fn outputs(&self) -> &[Output] {
+        &self.outputs
+    }
+
+    /// Hands the outputs so far to the caller (services stream them; replay keeps them).
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// Timers waiting (for tests and metrics).
+    pub fn timers_pending(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Applies one input: timers due strictly before it first, then the input and its cascade.
+    pub fn apply(&mut self, input: Input) {
+        self.fire_timers_before(input.at);
+        self.clock = self.clock.max(input.at);
+        if !self.seen_event_ids.insert(input.event_id.clone()) {
+            return; // SPEC §3: an event id already seen, applied or rejected, is ignored.
+        }
+        let now = self.clock;
+        match self.route(input) {
+            Some(message) => self.run(now, Work::Message(message)),
+            None => {}
+        }
+    }
+
+    /// Fires every timer due at or before `until` (the end of a replay, or a `tick`).
+    pub fn advance_to(&mut self, until: Timestamp) {
+        while let Some((&(due, _), _)) = self.timers.first_key_value() {
+            if due > until {
+                break;
+            }
+            self.fire_next();
+        }
+        self.clock = self.clock.max(until);
+    }
+
+    fn fire_timers_before(&mut self, at: Timestamp) {
+        while let Some((&(due, _), _)) = self.timers.first_key_value() {
+            if due >= at {
+                break;
+            }
+            self.fire_next();
+        }
+    }
+
+    fn fire_next(&mut self) {
+        let Some(((due, _), timer)) = self.timers.pop_first() else { return };
+        self.clock = self.clock.max(due);
+        self.run(due, Work::Timer(timer));
+    }
+
+    /// Which stage an input belongs to (SPEC §5 table).
+    fn route(&mut self, input: Input) -> Option<Message> {
+        let Input { event_id, at, command } = input;
+        let message = match &command {
+            Command::Tick(_) => return None,
+            Command::WalletLine(wallet) => {
+                if let Some(provider) = self.provider.as_mut() {
+                    provider.add_line(&wallet.card_id, wallet.line.clone(), at);
+                }
+                return None;
+            }
+            Command::WalletLineStatus(status) => {
+                if let Some(provider) = self.provider.as_mut() {
+                    provider.set_status(&status.card_id, &status.txn_id, status.status);
+                }
+                return None;
+            }
+            Command::WalletFault(fault) => {
+                if let Some(provider) = self.provider.as_mut() {
+                    provider.set_fault(&fault.card_id, fault.fault);
+                }
+                return None;
+            }
+            Command::MerchantRegistered(c) => merchant(&c.merchant_id),
+            Command::MerchantDeposit(c) => merchant(&c.merchant_id),
+            Command::UserRegistered(c) => agent(&c.user_id),
+            Command::CardBound(c) => agent(&c.user_id),
+            Command::UserRecharge(c) => agent(&c.user_id),
+            Command::UserAdjustment(c) => agent(&c.user_id),
+            Command::CrawlResult(c) => agent(&c.user_id),
+            Command::CardReauthenticated(c) => agent(&c.user_id),
+            Command::AdminUnban(c) => agent(&c.user_id),
+            Command::CollectionCreated(c) => order(&c.order_id),
+            Command::CollectionDispatched(c) => order(&c.order_id),
+            Command::PaymentConfirmed(c) => order(&c.order_id),
+            Command::OrderCancelled(c) => order(&c.order_id),
+            Command::SupplementRequested(c) => order(&c.order_id),
+            Command::CollectionRetry(c) => order(&c.order_id),
+            Command::PayoutCreated(c) => order(&c.order_id),
+            Command::PayoutGrabbed(c) => order(&c.order_id),
+            Command::AdminApprove(c) => order(&c.order_id),
+            Command::AdminReject(c) => order(&c.order_id),
+            Command::AdminCrawlRetry(c) => order(&c.order_id),
+            Command::AdminCorrectCancel(c) => order(&c.order_id),
+            Command::AdminCancelPayout(c) => order(&c.order_id),
+        };
+        Some(match message {
+            Route::Merchant(merchant_id) => Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } },
+            Route::Agent(user_id) => Message::Agent { user_id, body: AgentBody::Input { event_id, command } },
+            Route::Order(order_id) => Message::Order { order_id, body: OrderBody::Input { event_id, command } },
+        })
+    }
+
+    /// Processes one unit of work and everything it causes, FIFO (SPEC §3).
+    fn run(&mut self, now: Timestamp, first: Work) {
+        let mut queue = VecDeque::from([first]);
+        let mut processed = 0usize;
+        while let Some(work) = queue.pop_front() {
+            processed += 1;
+            assert!(processed <= CASCADE_EVENTS_MAX, "livelock: one input caused {CASCADE_EVENTS_MAX} events");
+            self.effects.now = now;
+            match work {
+                Work::Message(message) => self.deliver(message),
+                Work::Timer(timer) => self.fire(timer, &mut queue),
+            }
+            let first_new_output = self.outputs.len();
+            self.outputs.append(&mut self.effects.outputs);
+            queue.extend(self.effects.messages.drain(..).map(Work::Message));
+            for (due, timer) in self.effects.timers.drain(..) {
+                self.timers_created += 1;
+                self.timers.insert((due, self.timers_created), timer);
+            }
+            self.feed_provider(first_new_output, now);
+        }
+    }
+
+    fn deliver(&mut self, message: Message) {
+        let effects = &mut self.effects;
+        match message {
+            Message::Order { order_id, body } => self.orders.handle(&order_id, body, effects),
+            Message::Agent { user_id, body } => self.agents.handle(&user_id, body, effects),
+            Message::Merchant { merchant_id, body } => self.merchants.handle(&merchant_id, body, effects),
+        }
+    }
+
+    fn fire(&mut self, timer: Timer, queue: &mut VecDeque<Work>) {
+        let effects = &mut self.effects;
+        match timer {
+            Timer::Order { order_id, timer } => self.orders.on_timer(&order_id, timer, effects),
+            Timer::Agent { user_id, timer } => self.agents.on_timer(&user_id, timer, effects),
+            Timer::Provider(ProviderTimer::Answer(request)) => {
+                let Some(provider) = self.provider.as_ref() else { return };
+                let result = provider.result(&request, effects.now);
+                // The answer is an ordinary input of the agent stage (SPEC §9).
+                let event_id = format!("provider:{}", request.request_id);
+                if self.seen_event_ids.insert(event_id.clone()) {
+                    queue.push_back(Work::Message(Message::Agent {
+                        user_id: request.user_id.clone(),
+                        body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The simulated provider answers each `crawl_requested` `crawl_latency` after it was asked.
+    fn feed_provider(&mut self, from: usize, now: Timestamp) {
+        if self.provider.is_none() {
+            return;
+        }
+        for output in &self.outputs[from..] {
+            if let OutputBody::CrawlRequested(request) = &output.body {
+                self.timers_created += 1;
+                let due = now.plus_seconds(self.config.crawl_latency_s);
+                self.timers.insert((due, self.timers_created), Timer::Provider(ProviderTimer::Answer(request.clone())));
+            }
+        }
+    }
+}
+
+enum Work {
+    Message(Message),
+    Timer(Timer),
+}
+
+enum Route {
+    Merchant(String),
+    Agent(String),
+    Order(String),
+}
+
+fn merchant(id: &str) -> Route {
+    Route::Merchant(id.to_string())
+}
+
+fn agent(id: &str) -> Route {
+    Route::Agent(id.to_string())
+}
+
+fn order(id: &str) -> Route {
+    Route::Order(id.to_string())
+}

@@ -1,0 +1,320 @@
+//! Inputs (SPEC §5): one JSON object per event with `type`, `event_id`, `at` and the fields of its type.
+//! Structural problems (not JSON, unknown type or field, wrong JSON type, missing field, malformed
+//! time, unknown enumeration value) are [`ParseError`]s; semantic ones are answered by the stages with
+//! `command_rejected` (R-IN-1). Money stays a string here so a bad amount is a semantic error.
+
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    Phonepe,
+    Mobikwik,
+    Freecharge,
+    Paytm,
+    Other,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    In,
+    Out,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LineStatus {
+    Success,
+    Processing,
+    Failed,
+    Errored,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    SessionExpired,
+    UpstreamBusy,
+    DetailUnavailable,
+    None,
+}
+
+/// Errors a statement provider reports in a `crawl_result` (SPEC §10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CrawlError {
+    SessionExpired,
+    UpstreamBusy,
+    DetailUnavailable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelledBy {
+    Merchant,
+    User,
+    Cashier,
+}
+
+/// Who is on the other side of a statement line, or a payout's payee.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Party {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_last4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpa: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Only on payees: the bank's IFSC (R-MATCH-P1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ifsc: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One wallet transaction as a provider reports it (SPEC §5).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatementLine {
+    pub txn_id: String,
+    #[serde(default)]
+    pub utr: Option<String>,
+    #[serde(default = "default_true")]
+    pub utr_supported: bool,
+    pub direction: Direction,
+    pub amount: String,
+    pub status: LineStatus,
+    pub time: Timestamp,
+    #[serde(default)]
+    pub counterparty: Party,
+    /// Present only in detail answers (and on `wallet_line` events, for the simulated provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payee_ifsc: Option<String>,
+}
+
+macro_rules! input_structs {
+    ($( $(#[$meta:meta])* $name:ident { $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)? } )*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+            #[serde(deny_unknown_fields)]
+            pub struct $name { $( $(#[$fmeta])* pub $field: $ty ),* }
+        )*
+    };
+}
+
+input_structs! {
+    MerchantRegistered { merchant_id: String, collection_fee_rate: String, payout_fee_rate: String,
+        payout_fee_fixed: String, #[serde(default)] callback_url: Option<String> }
+    MerchantDeposit { merchant_id: String, amount: String }
+    UserRegistered { user_id: String, telegram_bound: bool }
+    CardBound { user_id: String, card_id: String, provider: Provider,
+        #[serde(default)] account_last4: Option<String>, #[serde(default)] vpa: Option<String> }
+    UserRecharge { user_id: String, amount: String, commission: String }
+    UserAdjustment { user_id: String, amount: String, reason: String }
+    CollectionCreated { order_id: String, merchant_id: String, amount: String,
+        #[serde(default)] utr: Option<String>, #[serde(default)] expires_at: Option<Timestamp> }
+    CollectionDispatched { order_id: String, user_id: String, card_id: String }
+    PaymentConfirmed { order_id: String, #[serde(default)] utr: Option<String> }
+    OrderCancelled { order_id: String, by: CancelledBy }
+    SupplementRequested { order_id: String, #[serde(default)] utr: Option<String> }
+    CollectionRetry { order_id: String }
+    PayoutCreated { order_id: String, merchant_id: String, amount: String, payee: Party,
+        #[serde(default)] expires_at: Option<Timestamp> }
+    PayoutGrabbed { order_id: String, user_id: String, card_id: String }
+    CrawlResult { request_id: String, user_id: String, card_id: String, ok: bool,
+        #[serde(default)] error: Option<CrawlError>, #[serde(default)] lines: Vec<StatementLine>,
+        #[serde(default)] next_from: Option<Timestamp> }
+    CardReauthenticated { user_id: String, card_id: String }
+    AdminApprove { order_id: String, operator: String, #[serde(default)] amount: Option<String> }
+    AdminReject { order_id: String, operator: String }
+    AdminCrawlRetry { order_id: String, operator: String }
+    AdminCorrectCancel { order_id: String, operator: String }
+    AdminCancelPayout { order_id: String, operator: String }
+    AdminUnban { user_id: String, operator: String }
+    Tick {}
+    WalletLine { card_id: String, line: StatementLine }
+    WalletLineStatus { card_id: String, txn_id: String, status: LineStatus }
+    WalletFault { card_id: String, fault: Fault }
+}
+
+/// Every input type of SPEC §5 except `config`, which only a scenario's first line may carry.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    MerchantRegistered(MerchantRegistered),
+    MerchantDeposit(MerchantDeposit),
+    UserRegistered(UserRegistered),
+    CardBound(CardBound),
+    UserRecharge(UserRecharge),
+    UserAdjustment(UserAdjustment),
+    CollectionCreated(CollectionCreated),
+    CollectionDispatched(CollectionDispatched),
+    PaymentConfirmed(PaymentConfirmed),
+    OrderCancelled(OrderCancelled),
+    SupplementRequested(SupplementRequested),
+    CollectionRetry(CollectionRetry),
+    PayoutCreated(PayoutCreated),
+    PayoutGrabbed(PayoutGrabbed),
+    CrawlResult(CrawlResult),
+    CardReauthenticated(CardReauthenticated),
+    AdminApprove(AdminApprove),
+    AdminReject(AdminReject),
+    AdminCrawlRetry(AdminCrawlRetry),
+    AdminCorrectCancel(AdminCorrectCancel),
+    AdminCancelPayout(AdminCancelPayout),
+    AdminUnban(AdminUnban),
+    Tick(Tick),
+    WalletLine(WalletLine),
+    WalletLineStatus(WalletLineStatus),
+    WalletFault(WalletFault),
+}
+
+impl Command {
+    /// The input's `type`, as `command_rejected.input_type` names it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Command::MerchantRegistered(_) => "merchant_registered",
+            Command::MerchantDeposit(_) => "merchant_deposit",
+            Command::UserRegistered(_) => "user_registered",
+            Command::CardBound(_) => "card_bound",
+            Command::UserRecharge(_) => "user_recharge",
+            Command::UserAdjustment(_) => "user_adjustment",
+            Command::CollectionCreated(_) => "collection_created",
+            Command::CollectionDispatched(_) => "collection_dispatched",
+            Command::PaymentConfirmed(_) => "payment_confirmed",
+            Command::OrderCancelled(_) => "order_cancelled",
+            Command::SupplementRequested(_) => "supplement_requested",
+            Command::CollectionRetry(_) => "collection_retry",
+            Command::PayoutCreated(_) => "payout_created",
+            Command::PayoutGrabbed(_) => "payout_grabbed",
+            Command::CrawlResult(_) => "crawl_result",
+            Command::CardReauthenticated(_) => "card_reauthenticated",
+            Command::AdminApprove(_) => "admin_approve",
+            Command::AdminReject(_) => "admin_reject",
+            Command::AdminCrawlRetry(_) => "admin_crawl_retry",
+            Command::AdminCorrectCancel(_) => "admin_correct_cancel",
+            Command::AdminCancelPayout(_) => "admin_cancel_payout",
+            Command::AdminUnban(_) => "admin_unban",
+            Command::Tick(_) => "tick",
+            Command::WalletLine(_) => "wallet_line",
+            Command::WalletLineStatus(_) => "wallet_line_status",
+            Command::WalletFault(_) => "wallet_fault",
+        }
+    }
+}
+
+/// One input with its envelope.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
+    pub event_id: String,
+    pub at: Timestamp,
+    pub command: Command,
+}
+
+/// A structurally bad input (R-IN-1): dead-lettered by services, fatal to a replay (SPEC §9).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("not a JSON object: {0}")]
+    NotJson(String),
+    #[error("missing `type`")]
+    MissingType,
+    #[error("`config` is only allowed on the first line")]
+    ConfigNotFirst,
+    #[error("missing or malformed `at`: {0}")]
+    BadTime(String),
+    #[error("`event_id` must be a string")]
+    BadEventId,
+    #[error("{0}")]
+    Schema(String),
+}
+
+/// What a JSON line holds: a configuration or an input.
+#[derive(Debug)]
+pub enum Parsed {
+    Config(crate::config::ConfigOverrides),
+    Input(Input),
+}
+
+/// Parses one JSON line. `default_event_id` is used when the line has none (`line:N` in scenarios).
+pub fn parse_line(text: &str, default_event_id: impl FnOnce() -> String) -> Result<Parsed, ParseError> {
+    let value: Value = serde_json::from_str(text).map_err(|error| ParseError::NotJson(error.to_string()))?;
+    let Value::Object(mut object) = value else {
+        return Err(ParseError::NotJson("not an object".to_string()));
+    };
+    let type_name = match object.get("type") {
+        Some(Value::String(name)) => name.clone(),
+        Some(_) => return Err(ParseError::Schema("`type` must be a string".to_string())),
+        None => return Err(ParseError::MissingType),
+    };
+    if type_name == "config" {
+        object.remove("type");
+        let overrides = serde_json::from_value(Value::Object(object))
+            .map_err(|error| ParseError::Schema(error.to_string()))?;
+        return Ok(Parsed::Config(overrides));
+    }
+    parse_input_object(object, default_event_id).map(Parsed::Input)
+}
+
+/// Parses an input that is known not to be `config` (the services' `POST /v1/events`).
+pub fn parse_input_object(
+    mut object: Map<String, Value>,
+    default_event_id: impl FnOnce() -> String,
+) -> Result<Input, ParseError> {
+    let at = match object.remove("at") {
+        Some(Value::String(text)) => Timestamp::parse(&text).ok_or(ParseError::BadTime(text))?,
+        Some(other) => return Err(ParseError::BadTime(other.to_string())),
+        None => return Err(ParseError::BadTime("missing".to_string())),
+    };
+    let event_id = match object.remove("event_id") {
+        Some(Value::String(id)) => id,
+        None | Some(Value::Null) => default_event_id(),
+        Some(_) => return Err(ParseError::BadEventId),
+    };
+    if object.get("type").and_then(Value::as_str) == Some("config") {
+        return Err(ParseError::ConfigNotFirst);
+    }
+    let command: Command =
+        serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
+    Ok(Input { event_id, at, command })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Parsed, ParseError> {
+        parse_line(text, || "line:1".to_string())
+    }
+
+    #[test]
+    fn parses_an_input_with_a_default_event_id() {
+        let parsed = parse(r#"{"type":"tick","at":"2026-03-02T09:30:00Z"}"#).unwrap();
+        let Parsed::Input(input) = parsed else { panic!("not an input") };
+        assert_eq!(input.event_id, "line:1");
+        assert_eq!(input.command, Command::Tick(Tick {}));
+    }
+
+    #[test]
+    fn structural_errors_are_refused() {
+        let at = r#""at":"2026-03-02T09:30:00Z""#;
+        for bad in [
+            "{".to_string(),
+            format!(r#"{{{at}}}"#),
+            format!(r#"{{"type":"nope",{at}}}"#),
+            format!(r#"{{"type":"tick",{at},"extra":1}}"#),
+            format!(r#"{{"type":"merchant_deposit",{at},"merchant_id":"m"}}"#),
+            format!(r#"{{"type":"merchant_deposit",{at},"merchant_id":"m","amount":100}}"#),
+            format!(r#"{{"type":"card_bound",{at},"user_id":"u","card_id":"c","provider":"gpay"}}"#),
+            r#"{"type":"tick","at":"not a time"}"#.to_string(),
+        ] {
+            assert!(parse(&bad).is_err(), "accepted {bad}");
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Paisa's reconciliation engine: pure, deterministic stages (SPEC §3) that turn input events into state
+//! and outputs. No I/O, no OS clock, no randomness, no async: time arrives as event time and timers are
+//! state, so replay, reprocessing and crash recovery give byte-identical results.
+//!
+//! Where a rule lives: `stages::order` (R-DSP-1 arbitration, R-CLOSE-3, R-EXP-1, R-POST-1 routing,
+//! R-ADMIN-4), `stages::merchant` (R-MER-*), `stages::agent` (everything keyed by agent: R-DSP-1 checks,
+//! R-BAL-1, R-WIN-*, R-MATCH-*, R-CHK-*, R-WAVE-*, R-CLOSE-*, R-REAUTH-1, R-PAY-1, R-PEND-*, R-HIS-*,
+//! R-POST-2, R-DEBT-*, R-ERR-*, R-ADMIN-1/3, R-JRN-*, R-AUDIT-1), `input` (R-IN-1 structure),
+//! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9).
+
+pub mod config;
+pub mod document;
+pub mod engine;
+pub mod input;
+pub mod money;
+pub mod output;
+pub mod replay;
+pub mod stages;
+pub mod time;
+pub mod wallet_sim;
+
+pub use config::Config;
+pub use engine::Engine;
+pub use input::Input;
+pub use money::Money;
+pub use time::Timestamp;

@@ -1,0 +1,212 @@
+//! INR amounts (SPEC §3): `rust_decimal` with exactly two decimal places, checked arithmetic, never a
+//! float. JSON carries money as strings with two decimals (`"456.00"`).
+
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde::{Serialize, Serializer};
+use std::fmt;
+
+/// Money is stored in paise-precision decimals; every constructor keeps the scale at 2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Money(Decimal);
+
+/// A decimal rate such as a fee rate (`"0.025"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rate(Decimal);
+
+/// Why a money or rate string was refused (`invalid_amount`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MoneyError {
+    #[error("`{0}` is not a decimal number")]
+    NotADecimal(String),
+    #[error("`{0}` has more than two decimal places")]
+    TooPrecise(String),
+    #[error("arithmetic overflow")]
+    Overflow,
+}
+
+impl Money {
+    pub const ZERO: Money = Money(Decimal::ZERO);
+
+    /// Parses a money string: at most two decimal places ("100" is accepted, "1.005" is not).
+    pub fn parse(text: &str) -> Result<Money, MoneyError> {
+        let trimmed = text.trim();
+        if trimmed.is_empty()
+            || trimmed != text
+            || !trimmed.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+')
+        {
+            return Err(MoneyError::NotADecimal(text.to_string()));
+        }
+        let value =
+            Decimal::from_str_exact(trimmed).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
+        if value.scale() > 2 {
+            let normalized = value.normalize();
+            if normalized.scale() > 2 {
+                return Err(MoneyError::TooPrecise(text.to_string()));
+            }
+        }
+        Ok(Money::from_decimal(value))
+    }
+
+    fn from_decimal(value: Decimal) -> Money {
+        let mut rounded = value.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+        rounded.rescale(2);
+        Money(rounded)
+    }
+
+    /// Whole rupees (used by tests, generators and the hundreds rule).
+    pub fn from_rupees(rupees: i64) -> Money {
+        Money::from_decimal(Decimal::from(rupees))
+    }
+
+    /// Paise (1/100 rupee) as an integer: exact, for property tests and generators.
+    pub fn from_paise(paise: i64) -> Money {
+        Money(Decimal::new(paise, 2))
+    }
+
+    pub fn decimal(self) -> Decimal {
+        self.0
+    }
+
+    pub fn is_positive(self) -> bool {
+        self.0 > Decimal::ZERO
+    }
+
+    pub fn is_negative(self) -> bool {
+        self.0 < Decimal::ZERO
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0.is_zero()
+    }
+
+    pub fn checked_add(self, other: Money) -> Result<Money, MoneyError> {
+        self.0.checked_add(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
+    }
+
+    pub fn checked_sub(self, other: Money) -> Result<Money, MoneyError> {
+        self.0.checked_sub(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
+    }
+
+    /// Addition of amounts the stages already validated (each ≤ the input maximum): an overflow is a
+    /// broken invariant, so it asserts instead of returning an error.
+    pub fn plus(self, other: Money) -> Money {
+        match self.checked_add(other) {
+            Ok(sum) => sum,
+            Err(_) => panic!("invariant: validated amounts cannot overflow ({self} + {other})"),
+        }
+    }
+
+    /// Subtraction of validated amounts (see [`Money::plus`]).
+    pub fn minus(self, other: Money) -> Money {
+        match self.checked_sub(other) {
+            Ok(difference) => difference,
+            Err(_) => panic!("invariant: validated amounts cannot overflow ({self} - {other})"),
+        }
+    }
+
+    /// `self × rate`, rounded half away from zero to 0.01 (SPEC §3 fees and rewards).
+    pub fn times_rate(self, rate: Rate) -> Result<Money, MoneyError> {
+        self.0.checked_mul(rate.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
+    }
+
+    /// The largest multiple of 100 rupees not above `self` (R-DEBT-1); zero for negatives.
+    pub fn floor_hundreds(self) -> Money {
+        if self.0 <= Decimal::ZERO {
+            return Money::ZERO;
+        }
+        let hundreds = (self.0 / Decimal::ONE_HUNDRED).floor();
+        Money::from_decimal(hundreds * Decimal::ONE_HUNDRED)
+    }
+
+    pub fn negated(self) -> Money {
+        Money(-self.0)
+    }
+
+    pub fn abs(self) -> Money {
+        Money(self.0.abs())
+    }
+
+    pub fn min(self, other: Money) -> Money {
+        if self <= other {
+            self
+        } else {
+            other
+        }
+    }
+
+    /// "Amounts equal" (SPEC §3): `|a − b| ≤ tolerance`.
+    pub fn within(self, other: Money, tolerance: Money) -> bool {
+        (self.0 - other.0).abs() <= tolerance.0
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{:.2}", self.0)
+    }
+}
+
+impl Serialize for Money {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl Rate {
+    /// Parses a non-negative decimal rate such as `"0.025"`.
+    pub fn parse(text: &str) -> Result<Rate, MoneyError> {
+        let value =
+            Decimal::from_str_exact(text.trim()).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
+        if value < Decimal::ZERO || text.trim() != text {
+            return Err(MoneyError::NotADecimal(text.to_string()));
+        }
+        Ok(Rate(value.normalize()))
+    }
+
+    pub fn zero() -> Rate {
+        Rate(Decimal::ZERO)
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}", self.0)
+    }
+}
+
+impl Serialize for Rate {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_two_decimals_and_refuses_three() {
+        assert_eq!(Money::parse("100").unwrap().to_string(), "100.00");
+        assert_eq!(Money::parse("456.5").unwrap().to_string(), "456.50");
+        assert_eq!(Money::parse("1.50").unwrap().to_string(), "1.50");
+        assert_eq!(Money::parse("1.500").unwrap().to_string(), "1.50");
+        assert!(matches!(Money::parse("1.005"), Err(MoneyError::TooPrecise(_))));
+        assert!(matches!(Money::parse("abc"), Err(MoneyError::NotADecimal(_))));
+        assert!(matches!(Money::parse("1e3"), Err(MoneyError::NotADecimal(_))));
+    }
+
+    #[test]
+    fn fees_round_half_away_from_zero() {
+        let fee = Money::parse("10.10").unwrap().times_rate(Rate::parse("0.025").unwrap()).unwrap();
+        assert_eq!(fee.to_string(), "0.25"); // 0.2525 → 0.25
+        let fee = Money::parse("0.20").unwrap().times_rate(Rate::parse("0.025").unwrap()).unwrap();
+        assert_eq!(fee.to_string(), "0.01"); // 0.005 → 0.01
+    }
+
+    #[test]
+    fn floor_hundreds_follows_r_debt_1() {
+        assert_eq!(Money::parse("456").unwrap().floor_hundreds().to_string(), "400.00");
+        assert_eq!(Money::parse("99.99").unwrap().floor_hundreds().to_string(), "0.00");
+        assert_eq!(Money::parse("516").unwrap().floor_hundreds().to_string(), "500.00");
+    }
+}

@@ -1,0 +1,355 @@
+//! The match rules (R-WIN-1..3, R-MATCH-C1..C3, R-MATCH-P1..P5): after every successful check, one pass
+//! per rule over the card's open sub-orders in creation order (C1, C2, C3, then P1, P2).
+
+use super::state::*;
+use super::Context;
+use crate::input::{Direction, LineStatus, Party, Provider};
+use crate::money::Money;
+use crate::output::OrderKind;
+use crate::time::Timestamp;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// R-WIN-1 / R-WIN-2: the window of a sub-order for a check asked at `check_time`.
+fn window(record: &SubOrder, check_time: Timestamp, context: &Context) -> (Timestamp, Timestamp) {
+    let lower = record.created_at.plus_seconds(context.config.window_start_offset_s);
+    let anchor = record.closed_at.unwrap_or(check_time);
+    (lower, anchor.plus_seconds(context.config.window_slack_s))
+}
+
+/// Payee identity (R-MATCH-P1): at least one of last4 / vpa on both sides, and all shared ones equal.
+pub fn payee_matches(payee: &Party, counterparty: &Party) -> bool {
+    let last4 = match (&payee.account_last4, &counterparty.account_last4) {
+        (Some(a), Some(b)) => Some(a == b),
+        _ => None,
+    };
+    let vpa = match (&payee.vpa, &counterparty.vpa) {
+        (Some(a), Some(b)) => Some(a.eq_ignore_ascii_case(b)),
+        _ => None,
+    };
+    match (last4, vpa) {
+        (None, None) => false,
+        (a, b) => a.unwrap_or(true) && b.unwrap_or(true),
+    }
+}
+
+/// Lines of `bill` inside `[lower, upper]`, oldest first (time, then txn id).
+fn in_window(bill: &BillTable, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
+    bill.lines.range((lower, String::new())..).take_while(move |((time, _), _)| *time <= upper).map(|(_, line)| line)
+}
+
+fn free(line: &BillLine) -> bool {
+    line.used_by.is_none() && line.reserved_by.is_none()
+}
+
+enum Decision {
+    Collection { sub: usize, txn_id: String, rule: &'static str, record_utr: Option<String> },
+    Payout { sub: usize, txn_ids: Vec<String> },
+    Ambiguous { sub: usize, lines: usize },
+    Detail { sub: usize, txn_id: String },
+}
+
+impl Agent {
+    /// Runs the match rules on a card (all its open sub-orders, or only one for a bill-table lookup).
+    pub(crate) fn run_matching(&mut self, card_id: &str, check_time: Timestamp, only: Option<usize>, context: &mut Context) {
+        let Some(card) = self.cards.get(card_id) else { return };
+        let live: Vec<usize> = card.live_subs.iter().copied().collect();
+        let candidates: Vec<usize> = match only {
+            Some(sub) => vec![sub],
+            None => live.clone(),
+        }
+        .into_iter()
+        .filter(|sub| self.subs[*sub].open_for_matching() && self.subs[*sub].card_id == card_id)
+        .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        // UTRs of the card's open sub-orders: a line carrying one is left out of C2, C3 and P2 for others.
+        let mut utr_owner: HashMap<String, BTreeSet<usize>> = HashMap::new();
+        for sub in &live {
+            for utr in &self.subs[*sub].utrs {
+                utr_owner.entry(utr.clone()).or_default().insert(*sub);
+            }
+        }
+        let owned_by_other = |line: &BillLine, sub: usize| {
+            line.line.utr.as_ref().and_then(|utr| utr_owner.get(utr)).is_some_and(|owners| owners.iter().any(|owner| *owner != sub))
+        };
+        let collections: Vec<usize> =
+            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
+        let payouts: Vec<usize> =
+            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Payout).collect();
+        for pass in [Pass::C1, Pass::C2, Pass::C3, Pass::P1, Pass::P2] {
+            let subs = if matches!(pass, Pass::P1 | Pass::P2) { &payouts } else { &collections };
+            let subs: Vec<usize> = subs.iter().copied().filter(|sub| self.subs[*sub].open_for_matching()).collect();
+            if subs.is_empty() {
+                continue;
+            }
+            let Some(card) = self.cards.get(card_id) else { return };
+            let decisions = match pass {
+                Pass::C1 => self.pass_c1(card, &subs, check_time, context),
+                Pass::C2 => self.pass_c2(card, &subs, check_time, &owned_by_other, context),
+                Pass::C3 => self.pass_c3(card, &subs, check_time, &owned_by_other, context),
+                Pass::P1 => self.pass_p1(card, &subs, check_time, context),
+                Pass::P2 => self.pass_p2(card, &subs, check_time, &owned_by_other, context),
+            };
+            for decision in decisions {
+                self.apply_decision(card_id, decision, check_time, context);
+            }
+        }
+    }
+
+    /// R-MATCH-C1: an `in` line with the sub-order's UTR inside the window.
+    fn pass_c1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
+        let mut taken = BTreeSet::new();
+        let mut decisions = Vec::new();
+        for &sub in subs {
+            let record = &self.subs[sub];
+            if record.utrs.is_empty() || record.found {
+                continue;
+            }
+            let (lower, upper) = window(record, check_time, context);
+            let hit = in_window(&card.bill, lower, upper).find(|line| {
+                free(line)
+                    && !taken.contains(&line.line.txn_id)
+                    && line.line.direction == Direction::In
+                    && line.line.status == LineStatus::Success
+                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
+            });
+            if let Some(line) = hit {
+                taken.insert(line.line.txn_id.clone());
+                decisions.push(Decision::Collection { sub, txn_id: line.line.txn_id.clone(), rule: "R-MATCH-C1", record_utr: None });
+            }
+        }
+        decisions
+    }
+
+    /// R-MATCH-C2: a UTR-less (`utr_supported = false`) line paired one-to-one with a sub-order by amount.
+    fn pass_c2(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context) -> Vec<Decision> {
+        let tolerance = context.config.amount_tolerance;
+        let mut lines_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut subs_of: HashMap<String, usize> = HashMap::new();
+        for &sub in subs {
+            let record = &self.subs[sub];
+            if record.utrs.is_empty() || record.found {
+                continue;
+            }
+            let (lower, upper) = window(record, check_time, context);
+            let lines: Vec<String> = in_window(&card.bill, lower, upper)
+                .filter(|line| {
+                    free(line)
+                        && !line.line.utr_supported
+                        && line.line.direction == Direction::In
+                        && line.line.status == LineStatus::Success
+                        && line.line.amount.within(record.amount, tolerance)
+                        && !owned_by_other(line, sub)
+                })
+                .map(|line| line.line.txn_id.clone())
+                .collect();
+            for txn_id in &lines {
+                *subs_of.entry(txn_id.clone()).or_default() += 1;
+            }
+            if !lines.is_empty() {
+                lines_of.insert(sub, lines);
+            }
+        }
+        lines_of
+            .into_iter()
+            .filter(|(_, lines)| lines.len() == 1 && subs_of.get(&lines[0]) == Some(&1))
+            .map(|(sub, mut lines)| Decision::Collection {
+                sub,
+                txn_id: lines.remove(0),
+                rule: "R-MATCH-C2",
+                record_utr: self.subs[sub].utrs.first().cloned(),
+            })
+            .collect()
+    }
+
+    /// R-MATCH-C3: no-UTR collections by amount; ambiguous when fewer lines than sub-orders could take.
+    fn pass_c3(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context) -> Vec<Decision> {
+        let tolerance = context.config.amount_tolerance;
+        let mut groups: BTreeMap<Money, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+        for &sub in subs {
+            let record = &self.subs[sub];
+            if !record.utrs.is_empty() || record.found {
+                continue;
+            }
+            let (lower, upper) = window(record, check_time, context);
+            let lines: Vec<String> = in_window(&card.bill, lower, upper)
+                .filter(|line| {
+                    free(line)
+                        && line.line.direction == Direction::In
+                        && line.line.status == LineStatus::Success
+                        && line.line.amount.within(record.amount, tolerance)
+                        && !owned_by_other(line, sub)
+                })
+                .map(|line| line.line.txn_id.clone())
+                .collect();
+            if !lines.is_empty() {
+                groups.entry(record.amount).or_default().push((sub, lines));
+            }
+        }
+        let mut decisions = Vec::new();
+        for (_, group) in groups {
+            let k = group.len();
+            let union: BTreeSet<&String> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
+            let n = union.len();
+            if n >= k {
+                let mut taken: BTreeSet<String> = BTreeSet::new();
+                for (sub, lines) in &group {
+                    if let Some(txn_id) = lines.iter().find(|txn_id| !taken.contains(*txn_id)) {
+                        taken.insert(txn_id.clone());
+                        decisions.push(Decision::Collection { sub: *sub, txn_id: txn_id.clone(), rule: "R-MATCH-C3", record_utr: None });
+                    }
+                }
+            } else {
+                decisions.extend(group.iter().map(|(sub, _)| Decision::Ambiguous { sub: *sub, lines: n }));
+            }
+        }
+        decisions
+    }
+
+    /// R-MATCH-P1: `out` lines with one of the payout's UTRs and its payee (IFSC verified on mobikwik).
+    fn pass_p1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
+        let mut taken = BTreeSet::new();
+        let mut decisions = Vec::new();
+        for &sub in subs {
+            let record = &self.subs[sub];
+            let Some(payee) = record.payee.as_ref() else { continue };
+            if record.utrs.is_empty() {
+                continue;
+            }
+            let needs_ifsc = card.provider == Provider::Mobikwik && payee.ifsc.is_some();
+            let (lower, upper) = window(record, check_time, context);
+            let mut txn_ids = Vec::new();
+            for line in in_window(&card.bill, lower, upper) {
+                let txn_id = &line.line.txn_id;
+                let candidate = free(line)
+                    && !taken.contains(txn_id)
+                    && line.line.direction == Direction::Out
+                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
+                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
+                    && payee_matches(payee, &line.line.counterparty)
+                    && !record.ifsc_mismatch.contains(txn_id);
+                if !candidate {
+                    continue;
+                }
+                taken.insert(txn_id.clone());
+                if needs_ifsc && !record.ifsc_verified.contains(txn_id) {
+                    decisions.push(Decision::Detail { sub, txn_id: txn_id.clone() });
+                    break;
+                }
+                txn_ids.push(txn_id.clone());
+            }
+            if !txn_ids.is_empty() {
+                decisions.push(Decision::Payout { sub, txn_ids });
+            }
+        }
+        decisions
+    }
+
+    /// R-MATCH-P2: a payout without UTR takes an `out` line with its payee and amount.
+    fn pass_p2(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context) -> Vec<Decision> {
+        let tolerance = context.config.amount_tolerance;
+        let mut taken = BTreeSet::new();
+        let mut decisions = Vec::new();
+        for &sub in subs {
+            let record = &self.subs[sub];
+            let Some(payee) = record.payee.as_ref() else { continue };
+            if !record.utrs.is_empty() || record.found {
+                continue;
+            }
+            let (lower, upper) = window(record, check_time, context);
+            let hit = in_window(&card.bill, lower, upper).find(|line| {
+                free(line)
+                    && !taken.contains(&line.line.txn_id)
+                    && line.line.direction == Direction::Out
+                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
+                    && line.line.amount.within(record.amount, tolerance)
+                    && payee_matches(payee, &line.line.counterparty)
+                    && !owned_by_other(line, sub)
+            });
+            if let Some(line) = hit {
+                taken.insert(line.line.txn_id.clone());
+                decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()] });
+            }
+        }
+        decisions
+    }
+
+    fn take_line(&mut self, card_id: &str, sub: usize, txn_id: &str) -> Option<Line> {
+        let line = self.cards.get_mut(card_id)?.bill.get_mut(txn_id)?;
+        debug_assert!(line.used_by.is_none(), "R-WIN-3: a line is matched at most once");
+        line.used_by = Some(sub);
+        let record = &mut self.subs[sub];
+        record.matched_txn_ids.push(txn_id.to_string());
+        record.found = true;
+        Some(line.line.clone())
+    }
+
+    fn apply_decision(&mut self, card_id: &str, decision: Decision, check_time: Timestamp, context: &mut Context) {
+        let now = context.effects.now;
+        match decision {
+            Decision::Collection { sub, txn_id, rule, record_utr } => {
+                let Some(line) = self.take_line(card_id, sub, &txn_id) else { return };
+                if let Some(utr) = record_utr.clone() {
+                    // R-MATCH-C2: the order's UTR is recorded on the line.
+                    if let Some(bill_line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
+                        bill_line.line.utr = Some(utr);
+                    }
+                }
+                let record = &mut self.subs[sub];
+                let (lower, upper) = window(record, check_time, context);
+                let evidence = format!("txn {txn_id} amount {} time {} window [{lower}, {upper}]", line.amount, line.time);
+                if rule == "R-MATCH-C1" && !line.amount.within(record.amount, context.config.amount_tolerance) {
+                    record.flags.insert(Flag::AmountMismatch);
+                    record.note(now, "R-MATCH-C1", "amount_mismatch", format!("{evidence}; order amount {}", record.amount));
+                    self.set_state(sub, SubState::Reviewing);
+                    return;
+                }
+                record.paid_total = line.amount;
+                let utr_backfill = if rule == "R-MATCH-C3" { line.utr.clone() } else { None };
+                if rule == "R-MATCH-C3" && record.utrs.is_empty() {
+                    if let Some(utr) = &line.utr {
+                        record.utrs.push(utr.clone());
+                    }
+                }
+                let record_match = MatchRecord { rule, txn_ids: vec![txn_id], explanation: evidence };
+                self.collection_success(sub, line.amount, record_match, utr_backfill, context);
+            }
+            Decision::Payout { sub, txn_ids } => {
+                for txn_id in &txn_ids {
+                    self.take_line(card_id, sub, txn_id);
+                }
+                let (lower, upper) = window(&self.subs[sub], check_time, context);
+                self.subs[sub].note(now, "R-MATCH-P1", "lines_matched", format!("txns {txn_ids:?} window [{lower}, {upper}]"));
+                self.evaluate_payout(sub, context);
+            }
+            Decision::Ambiguous { sub, lines } => {
+                let record = &mut self.subs[sub];
+                if record.flags.insert(Flag::Ambiguous) {
+                    record.note(now, "R-MATCH-C3", "ambiguous", format!("{lines} line(s) for more sub-orders of equal amount"));
+                }
+                self.set_state(sub, SubState::Reviewing);
+            }
+            Decision::Detail { sub, txn_id } => {
+                if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
+                    line.reserved_by = Some(sub);
+                }
+                self.subs[sub].awaiting_detail = Some(txn_id.clone());
+                self.subs[sub].note(now, "R-MATCH-P1", "ifsc_detail_asked", format!("txn {txn_id} reserved (R-WIN-3)"));
+                self.ask_detail(card_id, &txn_id, DetailReason::Ifsc { sub }, context);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Pass {
+    C1,
+    C2,
+    C3,
+    P1,
+    P2,
+}

@@ -1,0 +1,410 @@
+//! The agent stage's state (SPEC §4): agents, cards, holds, sub-orders, bill tables, journals.
+
+use crate::input::{Direction, LineStatus, Party, Provider, StatementLine};
+use crate::money::Money;
+use crate::output::OrderKind;
+use crate::time::Timestamp;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// Statement lines kept per card in the bill table; the oldest lines no sub-order uses are evicted
+/// beyond it, which bounds memory per card (≈ 300 bytes a line).
+pub const BILL_LINES_PER_CARD_MAX: usize = 2_000;
+/// Cards one agent may bind: with the bill-table cap this bounds an agent's statement memory.
+pub const CARDS_PER_AGENT_MAX: usize = 16;
+/// Timeline entries kept per sub-order (the oldest are dropped and counted beyond it).
+pub const TIMELINE_ENTRIES_PER_SUB_ORDER_MAX: usize = 64;
+/// Lines one `crawl_result` may carry (a provider page is 50; anything far above is refused).
+pub const LINES_PER_RESULT_MAX: usize = 500;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStatus {
+    Active,
+    Banned,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CardAuth {
+    Authenticated,
+    Unauthenticated,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldState {
+    Frozen,
+    Consumed,
+    Released,
+    Deferred,
+    ConsumedAfterRelease,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubState {
+    Paying,
+    Reviewing,
+    Success,
+    PaymentTimeout,
+    Cancelled,
+    Rejected,
+}
+
+impl SubState {
+    pub fn is_live(self) -> bool {
+        matches!(self, SubState::Paying | SubState::Reviewing)
+    }
+}
+
+/// Flags, declared in alphabetical order so a `BTreeSet` lists them sorted (SPEC §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flag {
+    AmountMismatch,
+    Ambiguous,
+    AwaitReauth,
+    BillPending,
+    HisExhausted,
+    IfscUnverified,
+    Revived,
+    Underpaid,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Balances {
+    pub available: Money,
+    pub frozen: Money,
+    pub deferred: Money,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    Sell,
+    Buy,
+    Income,
+    Recharge,
+    RechargeCommission,
+    Adjustment,
+    CorrectionRefund,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JournalEntry {
+    pub seq: u64,
+    pub at: Timestamp,
+    pub kind: EntryKind,
+    pub amount: Money,
+    pub order_id: Option<String>,
+    pub before: Balances,
+    pub after: Balances,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DebtBatch {
+    pub at: Timestamp,
+    pub amount: Money,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hold {
+    pub id: u32,
+    pub order_id: String,
+    pub amount: Money,
+    pub state: HoldState,
+    pub remaining: Money,
+    #[serde(skip)]
+    pub debt_batches: Vec<DebtBatch>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StatusChange {
+    pub at: Timestamp,
+    pub from: AgentStatus,
+    pub to: AgentStatus,
+    pub operator: String,
+    pub reason: String,
+}
+
+/// A statement line as the bill table keeps it (money parsed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Line {
+    pub txn_id: String,
+    pub utr: Option<String>,
+    pub utr_supported: bool,
+    pub direction: Direction,
+    pub amount: Money,
+    pub status: LineStatus,
+    pub time: Timestamp,
+    pub counterparty: Party,
+    pub payee_ifsc: Option<String>,
+}
+
+impl Line {
+    pub fn from_statement(line: &StatementLine) -> Result<Line, crate::money::MoneyError> {
+        Ok(Line {
+            txn_id: line.txn_id.clone(),
+            utr: line.utr.clone().filter(|utr| !utr.is_empty()),
+            utr_supported: line.utr_supported,
+            direction: line.direction,
+            amount: Money::parse(&line.amount)?,
+            status: line.status,
+            time: line.time,
+            counterparty: line.counterparty.clone(),
+            payee_ifsc: line.payee_ifsc.clone(),
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BillLine {
+    pub line: Line,
+    /// The sub-order (agent-local index) this line is matched to, forever (R-WIN-3).
+    pub used_by: Option<usize>,
+    /// The sub-order waiting on a detail fetch about this line (R-WIN-3).
+    pub reserved_by: Option<usize>,
+}
+
+/// The bill table of one card: every line fetched, deduplicated by txn id, ordered by (time, txn id).
+#[derive(Clone, Debug, Default)]
+pub struct BillTable {
+    pub lines: BTreeMap<(Timestamp, String), BillLine>,
+    pub time_of: HashMap<String, Timestamp>,
+}
+
+impl BillTable {
+    pub fn get(&self, txn_id: &str) -> Option<&BillLine> {
+        let time = self.time_of.get(txn_id)?;
+        self.lines.get(&(*time, txn_id.to_string()))
+    }
+
+    pub fn get_mut(&mut self, txn_id: &str) -> Option<&mut BillLine> {
+        let time = self.time_of.get(txn_id)?;
+        self.lines.get_mut(&(*time, txn_id.to_string()))
+    }
+}
+
+/// Why a check of a card was asked; one check can count for several (R-CHK-1 coalescing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PurposeKind {
+    /// R-WAVE-1 automatic wave.
+    Wave,
+    /// R-WAVE-1 close check.
+    Close,
+    /// R-WAVE-2 first wave after a confirmation.
+    ConfirmFirst,
+    /// R-WAVE-2 second wave.
+    ConfirmSecond,
+    /// R-PAY-1 final check.
+    PayFinal,
+    /// R-POST-1 live check of a revived collection.
+    Revival,
+    /// R-HIS-3 operator retry.
+    OperatorRetry,
+    /// R-REAUTH-1 check after re-authentication.
+    Reauth,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Purpose {
+    pub sub: Option<usize>,
+    pub kind: PurposeKind,
+    /// The confirmation generation a confirm wave belongs to (R-TIMER-1).
+    pub generation: u32,
+}
+
+/// Rules whose time lapsed while the card was unauthenticated (R-REAUTH-1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lapse {
+    SecondWave,
+    Close,
+    PayTimeout,
+    Revival,
+}
+
+#[derive(Clone, Debug)]
+pub struct CheckInFlight {
+    pub asked_at: Timestamp,
+    pub purposes: Vec<Purpose>,
+    pub pages: u32,
+    pub lines: Vec<Line>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CheckState {
+    pub in_flight: Option<CheckInFlight>,
+    /// Purposes that fell due while a check was outstanding or waiting for a retry (coalesced).
+    pub waiting: Vec<Purpose>,
+    pub retry_scheduled: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DetailReason {
+    /// R-MATCH-P1 IFSC verification for a sub-order.
+    Ifsc { sub: usize },
+    /// R-PEND-1 lookup of a matched line still processing.
+    Pending,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    OrderCheck,
+    Reservoir,
+    Detail { txn_id: String, reason: DetailReason },
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub kind: RequestKind,
+    pub asked_at: Timestamp,
+}
+
+#[derive(Clone, Debug)]
+pub struct Card {
+    pub card_id: String,
+    pub provider: Provider,
+    pub auth: CardAuth,
+    pub account_last4: Option<String>,
+    pub vpa: Option<String>,
+    /// One `reauth_required` notification per card per episode (R-CHK-3).
+    pub reauth_notified: bool,
+    /// Requests made so far (`request_id` = `{card_id}:{n}`).
+    pub requests_made: u64,
+    pub requests: BTreeMap<String, Request>,
+    pub check: CheckState,
+    pub bill: BillTable,
+    /// Live (paying or reviewing) sub-orders on this card, by creation.
+    pub live_subs: BTreeSet<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MatchRecord {
+    pub rule: &'static str,
+    pub txn_ids: Vec<String>,
+    pub explanation: String,
+}
+
+/// One decision on a sub-order (R-AUDIT-1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TimelineEntry {
+    pub at: Timestamp,
+    pub rule: &'static str,
+    pub event: &'static str,
+    pub evidence: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timeline {
+    pub entries: VecDeque<TimelineEntry>,
+    pub dropped: u64,
+}
+
+impl Timeline {
+    pub fn push(&mut self, entry: TimelineEntry) {
+        if self.entries.len() >= TIMELINE_ENTRIES_PER_SUB_ORDER_MAX {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        self.entries.push_back(entry);
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SubOrder {
+    pub order_id: String,
+    pub seq: u32,
+    pub kind: OrderKind,
+    pub card_id: String,
+    pub amount: Money,
+    pub created_at: Timestamp,
+    /// Collections: `min(dispatched_at + collection_close_after, expires_at)` (R-WAVE-1).
+    pub close_at: Option<Timestamp>,
+    pub payee: Option<Party>,
+    pub state: SubState,
+    pub flags: BTreeSet<Flag>,
+    pub utrs: Vec<String>,
+    pub matched_txn_ids: Vec<String>,
+    pub paid_total: Money,
+    pub matched: Option<MatchRecord>,
+    pub found: bool,
+    pub hold_id: Option<u32>,
+    pub closed_at: Option<Timestamp>,
+    /// The state a revival came from (R-POST-1, R-HIS-3).
+    pub revived_from: Option<SubState>,
+    pub confirm_generation: u32,
+    pub lapses: BTreeSet<Lapse>,
+    pub ifsc_mismatch: BTreeSet<String>,
+    pub ifsc_verified: BTreeSet<String>,
+    pub awaiting_detail: Option<String>,
+    pub underpaid_since: Option<Timestamp>,
+    pub bill_pending_since: Option<Timestamp>,
+    pub timeline: Timeline,
+}
+
+impl SubOrder {
+    pub fn note(&mut self, at: Timestamp, rule: &'static str, event: &'static str, evidence: String) {
+        self.timeline.push(TimelineEntry { at, rule, event, evidence });
+    }
+
+    /// Open for matching (SPEC §7 "Match rules"): live and not found, plus under-paid ones.
+    pub fn open_for_matching(&self) -> bool {
+        self.state.is_live()
+            && self.awaiting_detail.is_none()
+            && (!self.found || self.flags.contains(&Flag::Underpaid))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub user_id: String,
+    pub status: AgentStatus,
+    pub telegram_bound: bool,
+    pub available: Money,
+    /// Sum of `amount` over frozen holds (kept with every hold change; checked by property tests).
+    pub frozen: Money,
+    /// Sum of `remaining` over deferred holds.
+    pub deferred: Money,
+    pub cards: BTreeMap<String, Card>,
+    pub holds: Vec<Hold>,
+    pub journal: Vec<JournalEntry>,
+    pub status_history: Vec<StatusChange>,
+    pub last_unban_at: Option<Timestamp>,
+    pub subs: Vec<SubOrder>,
+    pub sub_index: HashMap<(String, u32), usize>,
+    /// ERRORED lines of every card: (time, card, txn) (R-ERR-1).
+    pub errored: BTreeSet<(Timestamp, String, String)>,
+    pub sweep_scheduled: bool,
+}
+
+impl Agent {
+    pub fn new(user_id: &str, telegram_bound: bool) -> Agent {
+        Agent {
+            user_id: user_id.to_string(),
+            status: AgentStatus::Active,
+            telegram_bound,
+            available: Money::ZERO,
+            frozen: Money::ZERO,
+            deferred: Money::ZERO,
+            cards: BTreeMap::new(),
+            holds: Vec::new(),
+            journal: Vec::new(),
+            status_history: Vec::new(),
+            last_unban_at: None,
+            subs: Vec::new(),
+            sub_index: HashMap::new(),
+            errored: BTreeSet::new(),
+            sweep_scheduled: false,
+        }
+    }
+
+    pub fn balances(&self) -> Balances {
+        Balances { available: self.available, frozen: self.frozen, deferred: self.deferred }
+    }
+
+    /// `dispatch_eligible` (SPEC §4): active and nothing deferred.
+    pub fn dispatch_eligible(&self) -> bool {
+        self.status == AgentStatus::Active && self.deferred.is_zero()
+    }
+}

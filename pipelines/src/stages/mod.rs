@@ -1,0 +1,187 @@
+//! The three stateful stages of SPEC §3 and the events that join them. Each stage owns its state, keyed
+//! by its id, and talks to the others only through [`Message`]s, so each can be a partitioned consumer.
+//! Handlers are pure: they read the stage's state, the message and the event time in [`Effects`], and
+//! write state, outputs, messages and timers.
+
+pub mod agent;
+pub mod merchant;
+pub mod order;
+
+use crate::input::{CancelledBy, Command, Party};
+use crate::money::Money;
+use crate::output::{OrderKind, Output, OutputBody, Reason, Rejection};
+use crate::time::Timestamp;
+
+/// An event between stages (or from the log to a stage), routed by its key.
+#[derive(Clone, Debug)]
+pub enum Message {
+    Order { order_id: String, body: OrderBody },
+    Agent { user_id: String, body: AgentBody },
+    Merchant { merchant_id: String, body: MerchantBody },
+}
+
+/// What the order stage consumes.
+#[derive(Clone, Debug)]
+pub enum OrderBody {
+    /// An input of the order stage (SPEC §5 table).
+    Input { event_id: String, command: Command },
+    /// The merchant stage accepted a new order (and reserved a payout's funds, R-MER-3).
+    CreationAccepted,
+    /// The merchant stage refused a new order.
+    CreationRefused { event_id: String, input_type: &'static str, rejection: Rejection },
+    /// The agent stage accepted a dispatch or grab (R-DSP-1, R-PAY-2).
+    DispatchAccepted { seq: u32, user_id: String, card_id: String },
+    /// The agent stage refused a dispatch or grab.
+    DispatchRefused { user_id: String, reason: Reason },
+    /// A sub-order reached an outcome that concerns the main order.
+    Outcome { seq: u32, outcome: SubOutcome },
+}
+
+/// Sub-order outcomes the order stage turns into main-order states, merchant movements and callbacks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SubOutcome {
+    /// R-MER-2: `actual` is the matched line's amount (or the operator's); `utr` back-fills the order.
+    CollectionSucceeded { actual: Money, utr: Option<String> },
+    /// Closed, cancelled, timed out or rejected (R-CLOSE-1, R-CLOSE-3, R-WAVE-2, R-ADMIN-1, R-REAUTH-1).
+    CollectionCancelled,
+    /// R-ADMIN-3: a success corrected to cancelled.
+    CollectionCorrected,
+    /// R-MER-4: `paid_total` is the callback's `actual_amount`.
+    PayoutSucceeded { paid_total: Money },
+    /// A payout sub-order timed out, was rejected or abandoned: the order waits for the next agent.
+    PayoutReturned,
+    /// R-ADMIN-4: the whole payout is cancelled.
+    PayoutCancelled,
+    /// A supplement's UTR, which becomes the order's if it had none (R-POST-1).
+    UtrAdded { utr: String },
+}
+
+/// What the agent stage consumes.
+#[derive(Clone, Debug)]
+pub enum AgentBody {
+    /// An input of the agent stage (SPEC §5 table).
+    Input { event_id: String, command: Command },
+    /// A dispatch (collection) or grab (payout) the order stage passed on (R-DSP-1, R-PAY-2).
+    Dispatch(DispatchRequest),
+    /// An order command routed to the live (or last) sub-order.
+    SubOrder { order_id: String, seq: u32, event_id: String, input_type: &'static str, command: SubOrderCommand },
+}
+
+#[derive(Clone, Debug)]
+pub struct DispatchRequest {
+    pub order_id: String,
+    pub seq: u32,
+    pub kind: OrderKind,
+    pub amount: Money,
+    pub card_id: String,
+    /// The order-level check that failed (order_not_pending, order_expired), reported in R-DSP-1 order.
+    pub order_problem: Option<Reason>,
+    pub expires_at: Option<Timestamp>,
+    pub payee: Option<Party>,
+    /// The order's UTR, which a collection's sub-order inherits.
+    pub utr: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub enum SubOrderCommand {
+    PaymentConfirmed { utr: Option<String> },
+    Cancel { by: CancelledBy },
+    Supplement { utr: Option<String> },
+    Retry,
+    Approve { amount: Option<Money> },
+    Reject,
+    CrawlRetry,
+    CorrectCancel,
+    CancelPayout,
+}
+
+/// What the merchant stage consumes.
+#[derive(Clone, Debug)]
+pub enum MerchantBody {
+    Input { event_id: String, command: Command },
+    /// Does the merchant exist? (a new collection, R-MER-1: nothing is reserved)
+    ValidateCollection { order_id: String, event_id: String },
+    /// R-MER-3: reserve a new payout's payable or refuse it.
+    ReservePayout { order_id: String, amount: Money, event_id: String },
+    /// R-MER-2.
+    CollectionCredit { order_id: String, actual: Money },
+    /// R-ADMIN-3.
+    Clawback { order_id: String },
+    /// R-MER-4 success.
+    PayoutSpent { order_id: String },
+    /// R-MER-4 cancel.
+    PayoutRefund { order_id: String },
+}
+
+/// A timer: state of the stage that set it, fired deterministically at its due time (SPEC §3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Timer {
+    Order { order_id: String, timer: order::OrderTimer },
+    Agent { user_id: String, timer: agent::AgentTimer },
+    Provider(crate::wallet_sim::ProviderTimer),
+}
+
+/// Everything one handler produces. The runtime drains it after each handler.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Event time of what is being processed.
+    pub now: Timestamp,
+    pub outputs: Vec<Output>,
+    pub messages: Vec<Message>,
+    pub timers: Vec<(Timestamp, Timer)>,
+}
+
+impl Effects {
+    pub fn emit(&mut self, body: OutputBody) {
+        self.outputs.push(Output { at: self.now, body });
+    }
+
+    pub fn send(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    /// Schedules a timer; one due in the past fires at the next opportunity, stamped `now`.
+    pub fn schedule(&mut self, due: Timestamp, timer: Timer) {
+        self.timers.push((due.max(self.now), timer));
+    }
+
+    /// R-IN-1: answers a bad input with `command_rejected`; the caller changes nothing.
+    pub fn reject(&mut self, event_id: &str, input_type: &'static str, rejection: Rejection) {
+        self.emit(OutputBody::CommandRejected {
+            event_id: event_id.to_string(),
+            input_type,
+            reason: rejection.reason,
+            message: rejection.message,
+        });
+    }
+}
+
+/// Largest amount one input may carry (₹1,000,000,000,000): sums of any realistic number of inputs stay
+/// far below `Decimal`'s range, so stage arithmetic on accepted amounts cannot overflow.
+pub fn amount_max() -> Money {
+    Money::from_rupees(1_000_000_000_000)
+}
+
+/// Parses a positive money amount or answers `invalid_amount` (R-IN-1).
+pub fn positive_amount(text: &str, field: &str) -> Result<Money, Rejection> {
+    match Money::parse(text) {
+        Ok(amount) if amount > amount_max() => {
+            Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` exceeds {}", amount_max())))
+        }
+        Ok(amount) if amount.is_positive() => Ok(amount),
+        Ok(_) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` must be positive, got {text}"))),
+        Err(error) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}"))),
+    }
+}
+
+/// Parses a non-negative money amount or answers `invalid_amount`.
+pub fn non_negative_amount(text: &str, field: &str) -> Result<Money, Rejection> {
+    match Money::parse(text) {
+        Ok(amount) if amount > amount_max() => {
+            Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` exceeds {}", amount_max())))
+        }
+        Ok(amount) if !amount.is_negative() => Ok(amount),
+        Ok(_) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` must not be negative, got {text}"))),
+        Err(error) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}"))),
+    }
+}
