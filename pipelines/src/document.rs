@@ -4,8 +4,10 @@ use crate::engine::Engine;
 use crate::input::Provider;
 use crate::money::Money;
 use crate::output::{OrderKind, Output};
-use crate::stages::agent::state::{Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord,
-    StatusChange, SubState, TimelineEntry};
+use crate::stages::agent::state::{
+    Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord,
+    StatusChange, SubState, TimelineEntry,
+};
 use crate::stages::merchant::MerchantEntry;
 use crate::stages::order::{MainOrder, OrderState};
 use crate::time::Timestamp;
@@ -78,7 +80,11 @@ pub struct OrderView<'a> {
 
 /// The user view of an agent.
 pub fn user_view(agent: &Agent) -> UserView<'_> {
-    let Balances { available, frozen, deferred } = agent.balances();
+    let Balances {
+        available,
+        frozen,
+        deferred,
+    } = agent.balances();
     UserView {
         status: agent.status,
         available,
@@ -86,7 +92,19 @@ pub fn user_view(agent: &Agent) -> UserView<'_> {
         deferred,
         reconciliation_total: available.plus(frozen),
         dispatch_eligible: agent.dispatch_eligible(),
-        cards: agent.cards.iter().map(|(id, card)| (id.as_str(), CardView { provider: card.provider, auth: card.auth })).collect(),
+        cards: agent
+            .cards
+            .iter()
+            .map(|(id, card)| {
+                (
+                    id.as_str(),
+                    CardView {
+                        provider: card.provider,
+                        auth: card.auth,
+                    },
+                )
+            })
+            .collect(),
         holds: &agent.holds,
         journal: &agent.journal,
         status_history: &agent.status_history,
@@ -99,8 +117,15 @@ pub fn order_view<'a>(engine: &'a Engine, order: &'a MainOrder) -> OrderView<'a>
     let mut debt_batches = Vec::new();
     let mut settled = true;
     for reference in &order.sub_orders {
-        let Some(agent) = engine.agents.agents.get(&reference.user_id) else { continue };
-        let Some(&index) = agent.sub_index.get(&(order.order_id.clone(), reference.seq)) else { continue };
+        let Some(agent) = engine.agents.agents.get(&reference.user_id) else {
+            continue;
+        };
+        let Some(&index) = agent
+            .sub_index
+            .get(&(order.order_id.clone(), reference.seq))
+        else {
+            continue;
+        };
         let sub = &agent.subs[index];
         if let Some(hold_id) = sub.hold_id {
             let hold = agent.hold(hold_id);
@@ -137,17 +162,25 @@ impl Engine {
     pub fn document(&self) -> Document<'_> {
         Document {
             clock: self.clock(),
-            users: self.agents.agents.iter().map(|(id, agent)| (id.as_str(), user_view(agent))).collect(),
+            users: self
+                .agents
+                .agents
+                .iter()
+                .map(|(id, agent)| (id.as_str(), user_view(agent)))
+                .collect(),
             merchants: self
                 .merchants
                 .merchants
                 .iter()
                 .map(|(id, merchant)| {
-                    (id.as_str(), MerchantView {
-                        available: merchant.balances.available,
-                        payout_reserve: merchant.balances.payout_reserve,
-                        journal: &merchant.journal,
-                    })
+                    (
+                        id.as_str(),
+                        MerchantView {
+                            available: merchant.balances.available,
+                            payout_reserve: merchant.balances.payout_reserve,
+                            journal: &merchant.journal,
+                        },
+                    )
                 })
                 .collect(),
             orders: self

@@ -9,7 +9,7 @@ use crate::output::{Output, OutputBody};
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
-use crate::stages::{AgentBody, Effects, Message, MerchantBody, OrderBody, Timer};
+use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
 use crate::time::Timestamp;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -103,14 +103,20 @@ impl Engine {
     }
 
     fn fire_next(&mut self) {
-        let Some(((due, _), timer)) = self.timers.pop_first() else { return };
+        let Some(((due, _), timer)) = self.timers.pop_first() else {
+            return;
+        };
         self.clock = self.clock.max(due);
         self.run(due, Work::Timer(timer));
     }
 
     /// Which stage an input belongs to (SPEC §5 table).
     fn route(&mut self, input: Input) -> Option<Message> {
-        let Input { event_id, at, command } = input;
+        let Input {
+            event_id,
+            at,
+            command,
+        } = input;
         let message = match &command {
             Command::Tick(_) => return None,
             Command::WalletLine(wallet) => {
@@ -155,9 +161,18 @@ impl Engine {
             Command::AdminCancelPayout(c) => order(&c.order_id),
         };
         Some(match message {
-            Route::Merchant(merchant_id) => Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } },
-            Route::Agent(user_id) => Message::Agent { user_id, body: AgentBody::Input { event_id, command } },
-            Route::Order(order_id) => Message::Order { order_id, body: OrderBody::Input { event_id, command } },
+            Route::Merchant(merchant_id) => Message::Merchant {
+                merchant_id,
+                body: MerchantBody::Input { event_id, command },
+            },
+            Route::Agent(user_id) => Message::Agent {
+                user_id,
+                body: AgentBody::Input { event_id, command },
+            },
+            Route::Order(order_id) => Message::Order {
+                order_id,
+                body: OrderBody::Input { event_id, command },
+            },
         })
     }
 
@@ -167,7 +182,10 @@ impl Engine {
         let mut processed = 0usize;
         while let Some(work) = queue.pop_front() {
             processed += 1;
-            assert!(processed <= CASCADE_EVENTS_MAX, "livelock: one input caused {CASCADE_EVENTS_MAX} events");
+            assert!(
+                processed <= CASCADE_EVENTS_MAX,
+                "livelock: one input caused {CASCADE_EVENTS_MAX} events"
+            );
             self.effects.now = now;
             match work {
                 Work::Message(message) => self.deliver(message),
@@ -189,7 +207,9 @@ impl Engine {
         match message {
             Message::Order { order_id, body } => self.orders.handle(&order_id, body, effects),
             Message::Agent { user_id, body } => self.agents.handle(&user_id, body, effects),
-            Message::Merchant { merchant_id, body } => self.merchants.handle(&merchant_id, body, effects),
+            Message::Merchant { merchant_id, body } => {
+                self.merchants.handle(&merchant_id, body, effects)
+            }
         }
     }
 
@@ -199,14 +219,19 @@ impl Engine {
             Timer::Order { order_id, timer } => self.orders.on_timer(&order_id, timer, effects),
             Timer::Agent { user_id, timer } => self.agents.on_timer(&user_id, timer, effects),
             Timer::Provider(ProviderTimer::Answer(request)) => {
-                let Some(provider) = self.provider.as_ref() else { return };
+                let Some(provider) = self.provider.as_ref() else {
+                    return;
+                };
                 let result = provider.result(&request, effects.now);
                 // The answer is an ordinary input of the agent stage (SPEC §9).
                 let event_id = format!("provider:{}", request.request_id);
                 if self.seen_event_ids.insert(event_id.clone()) {
                     queue.push_back(Work::Message(Message::Agent {
                         user_id: request.user_id.clone(),
-                        body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },
+                        body: AgentBody::Input {
+                            event_id,
+                            command: Command::CrawlResult(result),
+                        },
                     }));
                 }
             }
@@ -222,7 +247,10 @@ impl Engine {
             if let OutputBody::CrawlRequested(request) = &output.body {
                 self.timers_created += 1;
                 let due = now.plus_seconds(self.config.crawl_latency_s);
-                self.timers.insert((due, self.timers_created), Timer::Provider(ProviderTimer::Answer(request.clone())));
+                self.timers.insert(
+                    (due, self.timers_created),
+                    Timer::Provider(ProviderTimer::Answer(request.clone())),
+                );
             }
         }
     }

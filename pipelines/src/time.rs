@@ -10,7 +10,9 @@ pub struct Timestamp(i64);
 
 impl Timestamp {
     pub fn parse(text: &str) -> Option<Timestamp> {
-        DateTime::parse_from_rfc3339(text).ok().map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
+        DateTime::parse_from_rfc3339(text)
+            .ok()
+            .map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
     }
 
     pub fn from_millis(millis: i64) -> Timestamp {
@@ -31,9 +33,17 @@ impl fmt::Display for Timestamp {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match DateTime::<Utc>::from_timestamp_millis(self.0) {
             Some(time) if self.0 % 1000 == 0 => {
-                write!(formatter, "{}", time.to_rfc3339_opts(SecondsFormat::Secs, true))
+                write!(
+                    formatter,
+                    "{}",
+                    time.to_rfc3339_opts(SecondsFormat::Secs, true)
+                )
             }
-            Some(time) => write!(formatter, "{}", time.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            Some(time) => write!(
+                formatter,
+                "{}",
+                time.to_rfc3339_opts(SecondsFormat::Millis, true)
+            ),
             None => write!(formatter, "invalid-time({})", self.0),
         }
     }

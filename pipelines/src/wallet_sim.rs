@@ -33,7 +33,10 @@ pub struct WalletSim {
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    Page { lines: Vec<StatementLine>, next_from: Option<Timestamp> },
+    Page {
+        lines: Vec<StatementLine>,
+        next_from: Option<Timestamp>,
+    },
     Detail(StatementLine),
     Error(CrawlError),
 }
@@ -46,7 +49,8 @@ impl WalletSim {
             card.lines.remove(&(time, line.txn_id.clone()));
         }
         card.time_of.insert(line.txn_id.clone(), line.time);
-        card.lines.insert((line.time, line.txn_id.clone()), (at, line));
+        card.lines
+            .insert((line.time, line.txn_id.clone()), (at, line));
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
             if let Some(((_, txn_id), _)) = card.lines.pop_first() {
                 card.time_of.remove(&txn_id);
@@ -56,8 +60,12 @@ impl WalletSim {
 
     /// `wallet_line_status`: ignored for an unknown transaction (SPEC §7 edge decisions).
     pub fn set_status(&mut self, card_id: &str, txn_id: &str, status: LineStatus) {
-        let Some(card) = self.cards.get_mut(card_id) else { return };
-        let Some(time) = card.time_of.get(txn_id) else { return };
+        let Some(card) = self.cards.get_mut(card_id) else {
+            return;
+        };
+        let Some(time) = card.time_of.get(txn_id) else {
+            return;
+        };
         if let Some((_, line)) = card.lines.get_mut(&(*time, txn_id.to_string())) {
             line.status = status;
         }
@@ -65,7 +73,8 @@ impl WalletSim {
 
     /// `wallet_fault`: lasts until the card's next fault event.
     pub fn set_fault(&mut self, card_id: &str, fault: Fault) {
-        self.cards.entry(card_id.to_string()).or_default().fault = (fault != Fault::None).then_some(fault);
+        self.cards.entry(card_id.to_string()).or_default().fault =
+            (fault != Fault::None).then_some(fault);
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
@@ -92,7 +101,10 @@ impl WalletSim {
             };
         }
         let limit = request.limit.unwrap_or(50) as usize;
-        let strip = |line: &StatementLine| StatementLine { payee_ifsc: None, ..line.clone() };
+        let strip = |line: &StatementLine| StatementLine {
+            payee_ifsc: None,
+            ..line.clone()
+        };
         let lines: Vec<StatementLine> = match request.order {
             Some(PageOrder::Asc) => visible
                 .filter(|line| request.from.is_none_or(|from| line.time >= from))
@@ -100,12 +112,20 @@ impl WalletSim {
                 .map(strip)
                 .collect(),
             _ => {
-                let mut latest: Vec<StatementLine> = visible.collect::<Vec<_>>().into_iter().rev().take(limit).map(strip).collect();
+                let mut latest: Vec<StatementLine> = visible
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .take(limit)
+                    .map(strip)
+                    .collect();
                 latest.shrink_to_fit();
                 latest
             }
         };
-        let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
+        let next_from = (lines.len() == limit)
+            .then(|| lines.last().map(|line| line.time))
+            .flatten();
         Answer::Page { lines, next_from }
     }
 

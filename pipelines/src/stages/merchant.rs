@@ -1,7 +1,7 @@
 //! The merchant stage (SPEC §3), keyed by `merchant_id`: `available`, `payout_reserve`, fees and the
 //! merchant journal (R-MER-1..4, R-JRN-1). It accepts or refuses a payout's reservation.
 
-use super::{non_negative_amount, positive_amount, Effects, Message, MerchantBody, OrderBody};
+use super::{non_negative_amount, positive_amount, Effects, MerchantBody, Message, OrderBody};
 use crate::input::Command;
 use crate::money::{Money, Rate};
 use crate::output::{Reason, Rejection};
@@ -66,7 +66,8 @@ struct Fees {
 
 fn parse_fees(registered: &crate::input::MerchantRegistered) -> Result<Fees, Rejection> {
     let rate = |text: &str, field: &str| {
-        Rate::parse(text).map_err(|error| Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}")))
+        Rate::parse(text)
+            .map_err(|error| Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}")))
     };
     Ok(Fees {
         collection_fee_rate: rate(&registered.collection_fee_rate, "collection_fee_rate")?,
@@ -77,8 +78,14 @@ fn parse_fees(registered: &crate::input::MerchantRegistered) -> Result<Fees, Rej
 
 impl Merchant {
     /// Applies a movement and writes its journal entry (R-JRN-1); zero movements write nothing (R-JRN-2).
-    fn post(&mut self, kind: MerchantEntryKind, available_change: Money, reserve_change: Money,
-        order_id: Option<&str>, at: Timestamp) -> Result<(), crate::money::MoneyError> {
+    fn post(
+        &mut self,
+        kind: MerchantEntryKind,
+        available_change: Money,
+        reserve_change: Money,
+        order_id: Option<&str>,
+        at: Timestamp,
+    ) -> Result<(), crate::money::MoneyError> {
         if available_change.is_zero() && reserve_change.is_zero() {
             return Ok(());
         }
@@ -87,7 +94,11 @@ impl Merchant {
             available: before.available.checked_add(available_change)?,
             payout_reserve: before.payout_reserve.checked_add(reserve_change)?,
         };
-        assert!(!after.payout_reserve.is_negative(), "payout reserve went negative for {}", self.merchant_id);
+        assert!(
+            !after.payout_reserve.is_negative(),
+            "payout reserve went negative for {}",
+            self.merchant_id
+        );
         self.balances = after;
         self.journal.push(MerchantEntry {
             seq: self.journal.len() as u64 + 1,
@@ -119,24 +130,43 @@ impl MerchantStage {
                     OrderBody::CreationRefused {
                         event_id,
                         input_type: "collection_created",
-                        rejection: Rejection::new(Reason::UnknownMerchant, format!("no merchant {merchant_id}")),
+                        rejection: Rejection::new(
+                            Reason::UnknownMerchant,
+                            format!("no merchant {merchant_id}"),
+                        ),
                     }
                 };
                 effects.send(Message::Order { order_id, body });
                 Ok(())
             }
-            MerchantBody::ReservePayout { order_id, amount, event_id } => {
+            MerchantBody::ReservePayout {
+                order_id,
+                amount,
+                event_id,
+            } => {
                 let body = match self.reserve(merchant_id, &order_id, amount, effects.now) {
                     Ok(()) => OrderBody::CreationAccepted,
-                    Err(rejection) => OrderBody::CreationRefused { event_id, input_type: "payout_created", rejection },
+                    Err(rejection) => OrderBody::CreationRefused {
+                        event_id,
+                        input_type: "payout_created",
+                        rejection,
+                    },
                 };
                 effects.send(Message::Order { order_id, body });
                 Ok(())
             }
-            MerchantBody::CollectionCredit { order_id, actual } => self.credit(merchant_id, &order_id, actual, effects.now),
-            MerchantBody::Clawback { order_id } => self.clawback(merchant_id, &order_id, effects.now),
-            MerchantBody::PayoutSpent { order_id } => self.settle_payout(merchant_id, &order_id, false, effects.now),
-            MerchantBody::PayoutRefund { order_id } => self.settle_payout(merchant_id, &order_id, true, effects.now),
+            MerchantBody::CollectionCredit { order_id, actual } => {
+                self.credit(merchant_id, &order_id, actual, effects.now)
+            }
+            MerchantBody::Clawback { order_id } => {
+                self.clawback(merchant_id, &order_id, effects.now)
+            }
+            MerchantBody::PayoutSpent { order_id } => {
+                self.settle_payout(merchant_id, &order_id, false, effects.now)
+            }
+            MerchantBody::PayoutRefund { order_id } => {
+                self.settle_payout(merchant_id, &order_id, true, effects.now)
+            }
         };
         // Internal movements come from accepted orders whose amounts were validated; an overflow here
         // is a broken invariant, not bad input.
@@ -145,21 +175,32 @@ impl MerchantStage {
         }
     }
 
-    fn on_input(&mut self, merchant_id: &str, command: &Command, at: Timestamp) -> Result<(), Rejection> {
+    fn on_input(
+        &mut self,
+        merchant_id: &str,
+        command: &Command,
+        at: Timestamp,
+    ) -> Result<(), Rejection> {
         match command {
             Command::MerchantRegistered(registered) => {
                 let fees = parse_fees(registered)?;
-                let merchant = self.merchants.entry(merchant_id.to_string()).or_insert_with(|| Merchant {
-                    merchant_id: merchant_id.to_string(),
-                    collection_fee_rate: Rate::zero(),
-                    payout_fee_rate: Rate::zero(),
-                    payout_fee_fixed: Money::ZERO,
-                    callback_url: None,
-                    balances: MerchantBalances { available: Money::ZERO, payout_reserve: Money::ZERO },
-                    journal: Vec::new(),
-                    collection_net: HashMap::new(),
-                    payout_payable: HashMap::new(),
-                });
+                let merchant = self
+                    .merchants
+                    .entry(merchant_id.to_string())
+                    .or_insert_with(|| Merchant {
+                        merchant_id: merchant_id.to_string(),
+                        collection_fee_rate: Rate::zero(),
+                        payout_fee_rate: Rate::zero(),
+                        payout_fee_fixed: Money::ZERO,
+                        callback_url: None,
+                        balances: MerchantBalances {
+                            available: Money::ZERO,
+                            payout_reserve: Money::ZERO,
+                        },
+                        journal: Vec::new(),
+                        collection_net: HashMap::new(),
+                        payout_payable: HashMap::new(),
+                    });
                 merchant.collection_fee_rate = fees.collection_fee_rate;
                 merchant.payout_fee_rate = fees.payout_fee_rate;
                 merchant.payout_fee_fixed = fees.payout_fee_fixed;
@@ -175,59 +216,141 @@ impl MerchantStage {
                     .post(MerchantEntryKind::Deposit, amount, Money::ZERO, None, at)
                     .map_err(|error| Rejection::new(Reason::InvalidAmount, error.to_string()))
             }
-            other => Err(Rejection::new(Reason::InvalidTransition, format!("{} is not a merchant input", other.type_name()))),
+            other => Err(Rejection::new(
+                Reason::InvalidTransition,
+                format!("{} is not a merchant input", other.type_name()),
+            )),
         }
     }
 
     fn known(&mut self, merchant_id: &str) -> Result<&mut Merchant, Rejection> {
-        self.merchants
-            .get_mut(merchant_id)
-            .ok_or_else(|| Rejection::new(Reason::UnknownMerchant, format!("no merchant {merchant_id}")))
+        self.merchants.get_mut(merchant_id).ok_or_else(|| {
+            Rejection::new(
+                Reason::UnknownMerchant,
+                format!("no merchant {merchant_id}"),
+            )
+        })
     }
 
     /// R-MER-3.
-    fn reserve(&mut self, merchant_id: &str, order_id: &str, amount: Money, at: Timestamp) -> Result<(), Rejection> {
+    fn reserve(
+        &mut self,
+        merchant_id: &str,
+        order_id: &str,
+        amount: Money,
+        at: Timestamp,
+    ) -> Result<(), Rejection> {
         let merchant = self.known(merchant_id)?;
-        let overflow = |error: crate::money::MoneyError| Rejection::new(Reason::InvalidAmount, error.to_string());
+        let overflow = |error: crate::money::MoneyError| {
+            Rejection::new(Reason::InvalidAmount, error.to_string())
+        };
         let payable = amount
-            .checked_add(amount.times_rate(merchant.payout_fee_rate).map_err(overflow)?)
+            .checked_add(
+                amount
+                    .times_rate(merchant.payout_fee_rate)
+                    .map_err(overflow)?,
+            )
             .and_then(|total| total.checked_add(merchant.payout_fee_fixed))
             .map_err(overflow)?;
         if merchant.balances.available < payable {
             return Err(Rejection::new(
                 Reason::InsufficientMerchantBalance,
-                format!("payable {payable} exceeds available {}", merchant.balances.available),
+                format!(
+                    "payable {payable} exceeds available {}",
+                    merchant.balances.available
+                ),
             ));
         }
-        merchant.post(MerchantEntryKind::PayoutReserve, payable.negated(), payable, Some(order_id), at).map_err(overflow)?;
-        merchant.payout_payable.insert(order_id.to_string(), payable);
+        merchant
+            .post(
+                MerchantEntryKind::PayoutReserve,
+                payable.negated(),
+                payable,
+                Some(order_id),
+                at,
+            )
+            .map_err(overflow)?;
+        merchant
+            .payout_payable
+            .insert(order_id.to_string(), payable);
         Ok(())
     }
 
     /// R-MER-2.
-    fn credit(&mut self, merchant_id: &str, order_id: &str, actual: Money, at: Timestamp) -> Result<(), crate::money::MoneyError> {
-        let Some(merchant) = self.merchants.get_mut(merchant_id) else { return Ok(()) };
+    fn credit(
+        &mut self,
+        merchant_id: &str,
+        order_id: &str,
+        actual: Money,
+        at: Timestamp,
+    ) -> Result<(), crate::money::MoneyError> {
+        let Some(merchant) = self.merchants.get_mut(merchant_id) else {
+            return Ok(());
+        };
         let fee = actual.times_rate(merchant.collection_fee_rate)?;
         let net = actual.checked_sub(fee)?;
         merchant.collection_net.insert(order_id.to_string(), net);
-        merchant.post(MerchantEntryKind::CollectionCredit, net, Money::ZERO, Some(order_id), at)
+        merchant.post(
+            MerchantEntryKind::CollectionCredit,
+            net,
+            Money::ZERO,
+            Some(order_id),
+            at,
+        )
     }
 
     /// R-ADMIN-3: takes back the net the collection credited.
-    fn clawback(&mut self, merchant_id: &str, order_id: &str, at: Timestamp) -> Result<(), crate::money::MoneyError> {
-        let Some(merchant) = self.merchants.get_mut(merchant_id) else { return Ok(()) };
-        let Some(net) = merchant.collection_net.remove(order_id) else { return Ok(()) };
-        merchant.post(MerchantEntryKind::CollectionClawback, net.negated(), Money::ZERO, Some(order_id), at)
+    fn clawback(
+        &mut self,
+        merchant_id: &str,
+        order_id: &str,
+        at: Timestamp,
+    ) -> Result<(), crate::money::MoneyError> {
+        let Some(merchant) = self.merchants.get_mut(merchant_id) else {
+            return Ok(());
+        };
+        let Some(net) = merchant.collection_net.remove(order_id) else {
+            return Ok(());
+        };
+        merchant.post(
+            MerchantEntryKind::CollectionClawback,
+            net.negated(),
+            Money::ZERO,
+            Some(order_id),
+            at,
+        )
     }
 
     /// R-MER-4: spend or refund the reserved payable, once.
-    fn settle_payout(&mut self, merchant_id: &str, order_id: &str, refund: bool, at: Timestamp) -> Result<(), crate::money::MoneyError> {
-        let Some(merchant) = self.merchants.get_mut(merchant_id) else { return Ok(()) };
-        let Some(payable) = merchant.payout_payable.remove(order_id) else { return Ok(()) };
+    fn settle_payout(
+        &mut self,
+        merchant_id: &str,
+        order_id: &str,
+        refund: bool,
+        at: Timestamp,
+    ) -> Result<(), crate::money::MoneyError> {
+        let Some(merchant) = self.merchants.get_mut(merchant_id) else {
+            return Ok(());
+        };
+        let Some(payable) = merchant.payout_payable.remove(order_id) else {
+            return Ok(());
+        };
         if refund {
-            merchant.post(MerchantEntryKind::PayoutRefund, payable, payable.negated(), Some(order_id), at)
+            merchant.post(
+                MerchantEntryKind::PayoutRefund,
+                payable,
+                payable.negated(),
+                Some(order_id),
+                at,
+            )
         } else {
-            merchant.post(MerchantEntryKind::PayoutSpent, Money::ZERO, payable.negated(), Some(order_id), at)
+            merchant.post(
+                MerchantEntryKind::PayoutSpent,
+                Money::ZERO,
+                payable.negated(),
+                Some(order_id),
+                at,
+            )
         }
     }
 }

@@ -3,8 +3,8 @@
 //! commands to the agent of the live (or last) sub-order, and merchant movements and callbacks.
 
 use super::{
-    positive_amount, AgentBody, DispatchRequest, Effects, Message, MerchantBody, OrderBody, SubOrderCommand,
-    SubOutcome, Timer,
+    positive_amount, AgentBody, DispatchRequest, Effects, MerchantBody, Message, OrderBody,
+    SubOrderCommand, SubOutcome, Timer,
 };
 use crate::input::{Command, Party};
 use crate::money::Money;
@@ -62,31 +62,59 @@ pub struct OrderStage {
     pub orders: HashMap<String, MainOrder>,
 }
 
-fn refuse(effects: &mut Effects, event_id: &str, command: &Command, reason: Reason, message: impl Into<String>) {
-    effects.reject(event_id, command.type_name(), Rejection::new(reason, message));
+fn refuse(
+    effects: &mut Effects,
+    event_id: &str,
+    command: &Command,
+    reason: Reason,
+    message: impl Into<String>,
+) {
+    effects.reject(
+        event_id,
+        command.type_name(),
+        Rejection::new(reason, message),
+    );
 }
 
 impl OrderStage {
     pub fn handle(&mut self, order_id: &str, body: OrderBody, effects: &mut Effects) {
         match body {
-            OrderBody::Input { event_id, command } => self.on_input(order_id, &event_id, command, effects),
+            OrderBody::Input { event_id, command } => {
+                self.on_input(order_id, &event_id, command, effects)
+            }
             OrderBody::CreationAccepted => self.on_creation_accepted(order_id),
-            OrderBody::CreationRefused { event_id, input_type, rejection } => {
+            OrderBody::CreationRefused {
+                event_id,
+                input_type,
+                rejection,
+            } => {
                 self.orders.remove(order_id);
                 effects.reject(&event_id, input_type, rejection);
             }
-            OrderBody::DispatchAccepted { seq, user_id, card_id } => {
+            OrderBody::DispatchAccepted {
+                seq,
+                user_id,
+                card_id,
+            } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                     order.state = OrderState::InProgress;
-                    order.sub_orders.push(SubOrderRef { seq, user_id, card_id });
+                    order.sub_orders.push(SubOrderRef {
+                        seq,
+                        user_id,
+                        card_id,
+                    });
                 }
             }
             OrderBody::DispatchRefused { user_id, reason } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                 }
-                effects.emit(OutputBody::DispatchRejected { order_id: order_id.to_string(), user_id, reason });
+                effects.emit(OutputBody::DispatchRejected {
+                    order_id: order_id.to_string(),
+                    user_id,
+                    reason,
+                });
             }
             OrderBody::Outcome { seq, outcome } => self.on_outcome(order_id, seq, outcome, effects),
         }
@@ -94,7 +122,9 @@ impl OrderStage {
 
     pub fn on_timer(&mut self, order_id: &str, timer: OrderTimer, effects: &mut Effects) {
         let OrderTimer::Expiry = timer;
-        let Some(order) = self.orders.get_mut(order_id) else { return };
+        let Some(order) = self.orders.get_mut(order_id) else {
+            return;
+        };
         // R-EXP-1, R-TIMER-1: only an order still pending expires.
         if order.state == OrderState::Pending && !order.dispatch_in_flight && !order.creating {
             cancel_pending(order, effects);
@@ -107,38 +137,86 @@ impl OrderStage {
         }
     }
 
-    fn on_input(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) {
+    fn on_input(
+        &mut self,
+        order_id: &str,
+        event_id: &str,
+        command: Command,
+        effects: &mut Effects,
+    ) {
         match &command {
             Command::CollectionCreated(created) => {
                 let amount = match positive_amount(&created.amount, "amount") {
                     Ok(amount) => amount,
-                    Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
+                    Err(rejection) => {
+                        return effects.reject(event_id, command.type_name(), rejection)
+                    }
                 };
                 let utr = created.utr.clone().filter(|utr| !utr.is_empty());
-                self.create(order_id, event_id, &command, OrderKind::Collection, &created.merchant_id, amount,
-                    utr, created.expires_at, None, effects);
+                self.create(
+                    order_id,
+                    event_id,
+                    &command,
+                    OrderKind::Collection,
+                    &created.merchant_id,
+                    amount,
+                    utr,
+                    created.expires_at,
+                    None,
+                    effects,
+                );
             }
             Command::PayoutCreated(created) => {
                 let amount = match positive_amount(&created.amount, "amount") {
                     Ok(amount) => amount,
-                    Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
+                    Err(rejection) => {
+                        return effects.reject(event_id, command.type_name(), rejection)
+                    }
                 };
                 let payee = &created.payee;
-                let has_last4 = payee.account_last4.as_deref().is_some_and(|last4| !last4.is_empty());
+                let has_last4 = payee
+                    .account_last4
+                    .as_deref()
+                    .is_some_and(|last4| !last4.is_empty());
                 let has_vpa = payee.vpa.as_deref().is_some_and(|vpa| !vpa.is_empty());
                 if !has_last4 && !has_vpa {
-                    return refuse(effects, event_id, &command, Reason::InvalidPayee,
-                        "a payee needs `account_last4` or `vpa`");
+                    return refuse(
+                        effects,
+                        event_id,
+                        &command,
+                        Reason::InvalidPayee,
+                        "a payee needs `account_last4` or `vpa`",
+                    );
                 }
-                self.create(order_id, event_id, &command, OrderKind::Payout, &created.merchant_id, amount,
-                    None, created.expires_at, Some(payee.clone()), effects);
+                self.create(
+                    order_id,
+                    event_id,
+                    &command,
+                    OrderKind::Payout,
+                    &created.merchant_id,
+                    amount,
+                    None,
+                    created.expires_at,
+                    Some(payee.clone()),
+                    effects,
+                );
             }
-            Command::CollectionDispatched(dispatch) => {
-                self.dispatch(order_id, event_id, OrderKind::Collection, &dispatch.user_id, &dispatch.card_id, effects)
-            }
-            Command::PayoutGrabbed(grab) => {
-                self.dispatch(order_id, event_id, OrderKind::Payout, &grab.user_id, &grab.card_id, effects)
-            }
+            Command::CollectionDispatched(dispatch) => self.dispatch(
+                order_id,
+                event_id,
+                OrderKind::Collection,
+                &dispatch.user_id,
+                &dispatch.card_id,
+                effects,
+            ),
+            Command::PayoutGrabbed(grab) => self.dispatch(
+                order_id,
+                event_id,
+                OrderKind::Payout,
+                &grab.user_id,
+                &grab.card_id,
+                effects,
+            ),
             _ => self.route(order_id, event_id, command, effects),
         }
     }
@@ -158,37 +236,55 @@ impl OrderStage {
         effects: &mut Effects,
     ) {
         if self.orders.contains_key(order_id) {
-            return refuse(effects, event_id, command, Reason::InvalidTransition,
-                format!("order {order_id} already exists"));
+            return refuse(
+                effects,
+                event_id,
+                command,
+                Reason::InvalidTransition,
+                format!("order {order_id} already exists"),
+            );
         }
-        self.orders.insert(order_id.to_string(), MainOrder {
-            order_id: order_id.to_string(),
-            kind,
-            merchant_id: merchant_id.to_string(),
-            amount,
-            state: OrderState::Pending,
-            utr,
-            expires_at,
-            payee,
-            sub_orders: Vec::new(),
-            creating: true,
-            dispatch_in_flight: false,
-            callbacks_sent: 0,
-        });
+        self.orders.insert(
+            order_id.to_string(),
+            MainOrder {
+                order_id: order_id.to_string(),
+                kind,
+                merchant_id: merchant_id.to_string(),
+                amount,
+                state: OrderState::Pending,
+                utr,
+                expires_at,
+                payee,
+                sub_orders: Vec::new(),
+                creating: true,
+                dispatch_in_flight: false,
+                callbacks_sent: 0,
+            },
+        );
         if let Some(expires_at) = expires_at {
-            effects.schedule(expires_at, Timer::Order { order_id: order_id.to_string(), timer: OrderTimer::Expiry });
+            effects.schedule(
+                expires_at,
+                Timer::Order {
+                    order_id: order_id.to_string(),
+                    timer: OrderTimer::Expiry,
+                },
+            );
         }
         let body = match kind {
-            OrderKind::Collection => {
-                MerchantBody::ValidateCollection { order_id: order_id.to_string(), event_id: event_id.to_string() }
-            }
+            OrderKind::Collection => MerchantBody::ValidateCollection {
+                order_id: order_id.to_string(),
+                event_id: event_id.to_string(),
+            },
             OrderKind::Payout => MerchantBody::ReservePayout {
                 order_id: order_id.to_string(),
                 amount,
                 event_id: event_id.to_string(),
             },
         };
-        effects.send(Message::Merchant { merchant_id: merchant_id.to_string(), body });
+        effects.send(Message::Merchant {
+            merchant_id: merchant_id.to_string(),
+            body,
+        });
     }
 
     /// R-DSP-1 / R-PAY-2: the order-level checks; the agent stage does the rest, in the rule's order.
@@ -213,7 +309,10 @@ impl OrderStage {
         };
         let order_problem = if order.state != OrderState::Pending || order.dispatch_in_flight {
             Some(Reason::OrderNotPending)
-        } else if order.expires_at.is_some_and(|expires_at| effects.now > expires_at) {
+        } else if order
+            .expires_at
+            .is_some_and(|expires_at| effects.now > expires_at)
+        {
             Some(Reason::OrderExpired)
         } else {
             None
@@ -233,13 +332,26 @@ impl OrderStage {
             utr: order.utr.clone(),
         };
         let _ = event_id;
-        effects.send(Message::Agent { user_id: user_id.to_string(), body: AgentBody::Dispatch(request) });
+        effects.send(Message::Agent {
+            user_id: user_id.to_string(),
+            body: AgentBody::Dispatch(request),
+        });
     }
 
     /// Order commands: handled here when the order alone decides, else routed to the sub-order's agent.
     fn route(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) {
-        let Some(order) = self.orders.get_mut(order_id).filter(|order| !order.creating) else {
-            return refuse(effects, event_id, &command, Reason::UnknownOrder, format!("no order {order_id}"));
+        let Some(order) = self
+            .orders
+            .get_mut(order_id)
+            .filter(|order| !order.creating)
+        else {
+            return refuse(
+                effects,
+                event_id,
+                &command,
+                Reason::UnknownOrder,
+                format!("no order {order_id}"),
+            );
         };
         let sub_command = match order_command(order, &command, effects.now) {
             Ok(Routing::Forward(sub_command)) => sub_command,
@@ -247,8 +359,13 @@ impl OrderStage {
             Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
         };
         let Some(last) = order.sub_orders.last() else {
-            return refuse(effects, event_id, &command, Reason::NoLiveSubOrder,
-                format!("order {order_id} has no sub-order"));
+            return refuse(
+                effects,
+                event_id,
+                &command,
+                Reason::NoLiveSubOrder,
+                format!("order {order_id} has no sub-order"),
+            );
         };
         effects.send(Message::Agent {
             user_id: last.user_id.clone(),
@@ -263,9 +380,17 @@ impl OrderStage {
     }
 
     fn on_outcome(&mut self, order_id: &str, seq: u32, outcome: SubOutcome, effects: &mut Effects) {
-        let Some(order) = self.orders.get_mut(order_id) else { return };
-        debug_assert!(order.sub_orders.iter().any(|sub| sub.seq == seq), "outcome of an unknown sub-order");
-        let merchant = |body| Message::Merchant { merchant_id: order.merchant_id.clone(), body };
+        let Some(order) = self.orders.get_mut(order_id) else {
+            return;
+        };
+        debug_assert!(
+            order.sub_orders.iter().any(|sub| sub.seq == seq),
+            "outcome of an unknown sub-order"
+        );
+        let merchant = |body| Message::Merchant {
+            merchant_id: order.merchant_id.clone(),
+            body,
+        };
         match outcome {
             SubOutcome::UtrAdded { utr } => {
                 order.utr.get_or_insert(utr);
@@ -274,7 +399,10 @@ impl OrderStage {
                 if order.utr.is_none() {
                     order.utr = utr;
                 }
-                effects.send(merchant(MerchantBody::CollectionCredit { order_id: order_id.to_string(), actual }));
+                effects.send(merchant(MerchantBody::CollectionCredit {
+                    order_id: order_id.to_string(),
+                    actual,
+                }));
                 order.state = OrderState::Success;
                 callback(order, CallbackStatus::Success, Some(actual), effects);
             }
@@ -283,24 +411,33 @@ impl OrderStage {
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
             SubOutcome::CollectionCorrected => {
-                effects.send(merchant(MerchantBody::Clawback { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::Clawback {
+                    order_id: order_id.to_string(),
+                }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
             SubOutcome::PayoutSucceeded { paid_total } => {
-                effects.send(merchant(MerchantBody::PayoutSpent { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::PayoutSpent {
+                    order_id: order_id.to_string(),
+                }));
                 order.state = OrderState::Success;
                 callback(order, CallbackStatus::Success, Some(paid_total), effects);
             }
             SubOutcome::PayoutReturned => {
                 order.state = OrderState::Pending;
                 // R-EXP-1: a payout returning to pending after its expiry is cancelled.
-                if order.expires_at.is_some_and(|expires_at| effects.now >= expires_at) {
+                if order
+                    .expires_at
+                    .is_some_and(|expires_at| effects.now >= expires_at)
+                {
                     cancel_pending(order, effects);
                 }
             }
             SubOutcome::PayoutCancelled => {
-                effects.send(merchant(MerchantBody::PayoutRefund { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::PayoutRefund {
+                    order_id: order_id.to_string(),
+                }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
@@ -316,27 +453,45 @@ enum Routing {
 fn invalid(order: &MainOrder, command: &Command) -> Rejection {
     Rejection::new(
         Reason::InvalidTransition,
-        format!("{} does not apply to {:?} order {} in state {:?}", command.type_name(), order.kind,
-            order.order_id, order.state),
+        format!(
+            "{} does not apply to {:?} order {} in state {:?}",
+            command.type_name(),
+            order.kind,
+            order.order_id,
+            order.state
+        ),
     )
 }
 
 /// Decides what an order command means for this order (R-WAVE-2, R-CLOSE-3, R-POST-1, R-ADMIN-*).
-fn order_command(order: &MainOrder, command: &Command, now: Timestamp) -> Result<Routing, Rejection> {
+fn order_command(
+    order: &MainOrder,
+    command: &Command,
+    now: Timestamp,
+) -> Result<Routing, Rejection> {
     use OrderKind::{Collection, Payout};
     use OrderState::{Cancelled, InProgress, Pending, Success};
     let _ = now;
-    let no_live = || Rejection::new(Reason::NoLiveSubOrder, format!("order {} has no live sub-order", order.order_id));
+    let no_live = || {
+        Rejection::new(
+            Reason::NoLiveSubOrder,
+            format!("order {} has no live sub-order", order.order_id),
+        )
+    };
     match command {
         Command::PaymentConfirmed(confirmed) => match order.state {
             InProgress if !order.dispatch_in_flight => {
-                Ok(Routing::Forward(SubOrderCommand::PaymentConfirmed { utr: confirmed.utr.clone().filter(|u| !u.is_empty()) }))
+                Ok(Routing::Forward(SubOrderCommand::PaymentConfirmed {
+                    utr: confirmed.utr.clone().filter(|u| !u.is_empty()),
+                }))
             }
             _ => Err(no_live()),
         },
         Command::OrderCancelled(cancel) => match (order.kind, order.state) {
             (_, Pending) if !order.dispatch_in_flight => Ok(Routing::CancelPending),
-            (Collection, InProgress) => Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by })),
+            (Collection, InProgress) => {
+                Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by }))
+            }
             (Payout, InProgress) if cancel.by == crate::input::CancelledBy::User => {
                 Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by }))
             }
@@ -344,9 +499,9 @@ fn order_command(order: &MainOrder, command: &Command, now: Timestamp) -> Result
         },
         Command::SupplementRequested(supplement) => match (order.kind, order.state) {
             (Collection, Cancelled) if order.sub_orders.is_empty() => Err(no_live()),
-            (Collection, Cancelled) => {
-                Ok(Routing::Forward(SubOrderCommand::Supplement { utr: supplement.utr.clone().filter(|u| !u.is_empty()) }))
-            }
+            (Collection, Cancelled) => Ok(Routing::Forward(SubOrderCommand::Supplement {
+                utr: supplement.utr.clone().filter(|u| !u.is_empty()),
+            })),
             _ => Err(invalid(order, command)),
         },
         Command::CollectionRetry(_) => match (order.kind, order.state) {
@@ -358,7 +513,10 @@ fn order_command(order: &MainOrder, command: &Command, now: Timestamp) -> Result
             let amount = match (&approve.amount, order.kind) {
                 (None, _) => None,
                 (Some(_), Payout) => {
-                    return Err(Rejection::new(Reason::InvalidAmount, "`amount` applies only to collections"))
+                    return Err(Rejection::new(
+                        Reason::InvalidAmount,
+                        "`amount` applies only to collections",
+                    ))
                 }
                 (Some(text), Collection) => Some(positive_amount(text, "amount")?),
             };
@@ -396,13 +554,20 @@ fn cancel_pending(order: &mut MainOrder, effects: &mut Effects) {
     if order.kind == OrderKind::Payout {
         effects.send(Message::Merchant {
             merchant_id: order.merchant_id.clone(),
-            body: MerchantBody::PayoutRefund { order_id: order.order_id.clone() },
+            body: MerchantBody::PayoutRefund {
+                order_id: order.order_id.clone(),
+            },
         });
     }
     callback(order, CallbackStatus::Cancelled, None, effects);
 }
 
-fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option<Money>, effects: &mut Effects) {
+fn callback(
+    order: &mut MainOrder,
+    status: CallbackStatus,
+    actual_amount: Option<Money>,
+    effects: &mut Effects,
+) {
     order.callbacks_sent += 1;
     effects.emit(OutputBody::MerchantCallback {
         callback_id: format!("{}:{}", order.order_id, order.callbacks_sent),

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// R-WIN-1 / R-WIN-2: the window of a sub-order for a check asked at `check_time`.
 fn window(record: &SubOrder, check_time: Timestamp, context: &Context) -> (Timestamp, Timestamp) {
-    let lower = record.created_at.plus_seconds(context.config.window_start_offset_s);
+    let lower = record
+        .created_at
+        .plus_seconds(context.config.window_start_offset_s);
     let anchor = record.closed_at.unwrap_or(check_time);
     (lower, anchor.plus_seconds(context.config.window_slack_s))
 }
@@ -33,8 +35,15 @@ pub fn payee_matches(payee: &Party, counterparty: &Party) -> bool {
 }
 
 /// Lines of `bill` inside `[lower, upper]`, oldest first (time, then txn id).
-fn in_window(bill: &BillTable, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
-    bill.lines.range((lower, String::new())..).take_while(move |((time, _), _)| *time <= upper).map(|(_, line)| line)
+fn in_window(
+    bill: &BillTable,
+    lower: Timestamp,
+    upper: Timestamp,
+) -> impl Iterator<Item = &BillLine> {
+    bill.lines
+        .range((lower, String::new())..)
+        .take_while(move |((time, _), _)| *time <= upper)
+        .map(|(_, line)| line)
 }
 
 fn free(line: &BillLine) -> bool {
@@ -42,16 +51,38 @@ fn free(line: &BillLine) -> bool {
 }
 
 enum Decision {
-    Collection { sub: usize, txn_id: String, rule: &'static str, record_utr: Option<String> },
-    Payout { sub: usize, txn_ids: Vec<String> },
-    Ambiguous { sub: usize, lines: usize },
-    Detail { sub: usize, txn_id: String },
+    Collection {
+        sub: usize,
+        txn_id: String,
+        rule: &'static str,
+        record_utr: Option<String>,
+    },
+    Payout {
+        sub: usize,
+        txn_ids: Vec<String>,
+    },
+    Ambiguous {
+        sub: usize,
+        lines: usize,
+    },
+    Detail {
+        sub: usize,
+        txn_id: String,
+    },
 }
 
 impl Agent {
     /// Runs the match rules on a card (all its open sub-orders, or only one for a bill-table lookup).
-    pub(crate) fn run_matching(&mut self, card_id: &str, check_time: Timestamp, only: Option<usize>, context: &mut Context) {
-        let Some(card) = self.cards.get(card_id) else { return };
+    pub(crate) fn run_matching(
+        &mut self,
+        card_id: &str,
+        check_time: Timestamp,
+        only: Option<usize>,
+        context: &mut Context,
+    ) {
+        let Some(card) = self.cards.get(card_id) else {
+            return;
+        };
         let live: Vec<usize> = card.live_subs.iter().copied().collect();
         let candidates: Vec<usize> = match only {
             Some(sub) => vec![sub],
@@ -71,19 +102,39 @@ impl Agent {
             }
         }
         let owned_by_other = |line: &BillLine, sub: usize| {
-            line.line.utr.as_ref().and_then(|utr| utr_owner.get(utr)).is_some_and(|owners| owners.iter().any(|owner| *owner != sub))
+            line.line
+                .utr
+                .as_ref()
+                .and_then(|utr| utr_owner.get(utr))
+                .is_some_and(|owners| owners.iter().any(|owner| *owner != sub))
         };
-        let collections: Vec<usize> =
-            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
-        let payouts: Vec<usize> =
-            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Payout).collect();
+        let collections: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|sub| self.subs[*sub].kind == OrderKind::Collection)
+            .collect();
+        let payouts: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|sub| self.subs[*sub].kind == OrderKind::Payout)
+            .collect();
         for pass in [Pass::C1, Pass::C2, Pass::C3, Pass::P1, Pass::P2] {
-            let subs = if matches!(pass, Pass::P1 | Pass::P2) { &payouts } else { &collections };
-            let subs: Vec<usize> = subs.iter().copied().filter(|sub| self.subs[*sub].open_for_matching()).collect();
+            let subs = if matches!(pass, Pass::P1 | Pass::P2) {
+                &payouts
+            } else {
+                &collections
+            };
+            let subs: Vec<usize> = subs
+                .iter()
+                .copied()
+                .filter(|sub| self.subs[*sub].open_for_matching())
+                .collect();
             if subs.is_empty() {
                 continue;
             }
-            let Some(card) = self.cards.get(card_id) else { return };
+            let Some(card) = self.cards.get(card_id) else {
+                return;
+            };
             let decisions = match pass {
                 Pass::C1 => self.pass_c1(card, &subs, check_time, context),
                 Pass::C2 => self.pass_c2(card, &subs, check_time, &owned_by_other, context),
@@ -98,7 +149,13 @@ impl Agent {
     }
 
     /// R-MATCH-C1: an `in` line with the sub-order's UTR inside the window.
-    fn pass_c1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
+    fn pass_c1(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        context: &Context,
+    ) -> Vec<Decision> {
         let mut taken = BTreeSet::new();
         let mut decisions = Vec::new();
         for &sub in subs {
@@ -112,19 +169,34 @@ impl Agent {
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::In
                     && line.line.status == LineStatus::Success
-                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
+                    && line
+                        .line
+                        .utr
+                        .as_ref()
+                        .is_some_and(|utr| record.utrs.contains(utr))
             });
             if let Some(line) = hit {
                 taken.insert(line.line.txn_id.clone());
-                decisions.push(Decision::Collection { sub, txn_id: line.line.txn_id.clone(), rule: "R-MATCH-C1", record_utr: None });
+                decisions.push(Decision::Collection {
+                    sub,
+                    txn_id: line.line.txn_id.clone(),
+                    rule: "R-MATCH-C1",
+                    record_utr: None,
+                });
             }
         }
         decisions
     }
 
     /// R-MATCH-C2: a UTR-less (`utr_supported = false`) line paired one-to-one with a sub-order by amount.
-    fn pass_c2(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
-        context: &Context) -> Vec<Decision> {
+    fn pass_c2(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context,
+    ) -> Vec<Decision> {
         let tolerance = context.config.amount_tolerance;
         let mut lines_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         let mut subs_of: HashMap<String, usize> = HashMap::new();
@@ -165,8 +237,14 @@ impl Agent {
     }
 
     /// R-MATCH-C3: no-UTR collections by amount; ambiguous when fewer lines than sub-orders could take.
-    fn pass_c3(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
-        context: &Context) -> Vec<Decision> {
+    fn pass_c3(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context,
+    ) -> Vec<Decision> {
         let tolerance = context.config.amount_tolerance;
         let mut groups: BTreeMap<Money, Vec<(usize, Vec<String>)>> = BTreeMap::new();
         for &sub in subs {
@@ -192,30 +270,47 @@ impl Agent {
         let mut decisions = Vec::new();
         for (_, group) in groups {
             let k = group.len();
-            let union: BTreeSet<&String> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
+            let union: BTreeSet<&String> =
+                group.iter().flat_map(|(_, lines)| lines.iter()).collect();
             let n = union.len();
             if n >= k {
                 let mut taken: BTreeSet<String> = BTreeSet::new();
                 for (sub, lines) in &group {
                     if let Some(txn_id) = lines.iter().find(|txn_id| !taken.contains(*txn_id)) {
                         taken.insert(txn_id.clone());
-                        decisions.push(Decision::Collection { sub: *sub, txn_id: txn_id.clone(), rule: "R-MATCH-C3", record_utr: None });
+                        decisions.push(Decision::Collection {
+                            sub: *sub,
+                            txn_id: txn_id.clone(),
+                            rule: "R-MATCH-C3",
+                            record_utr: None,
+                        });
                     }
                 }
             } else {
-                decisions.extend(group.iter().map(|(sub, _)| Decision::Ambiguous { sub: *sub, lines: n }));
+                decisions.extend(group.iter().map(|(sub, _)| Decision::Ambiguous {
+                    sub: *sub,
+                    lines: n,
+                }));
             }
         }
         decisions
     }
 
     /// R-MATCH-P1: `out` lines with one of the payout's UTRs and its payee (IFSC verified on mobikwik).
-    fn pass_p1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
+    fn pass_p1(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        context: &Context,
+    ) -> Vec<Decision> {
         let mut taken = BTreeSet::new();
         let mut decisions = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
-            let Some(payee) = record.payee.as_ref() else { continue };
+            let Some(payee) = record.payee.as_ref() else {
+                continue;
+            };
             if record.utrs.is_empty() {
                 continue;
             }
@@ -227,8 +322,15 @@ impl Agent {
                 let candidate = free(line)
                     && !taken.contains(txn_id)
                     && line.line.direction == Direction::Out
-                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
-                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
+                    && matches!(
+                        line.line.status,
+                        LineStatus::Success | LineStatus::Processing
+                    )
+                    && line
+                        .line
+                        .utr
+                        .as_ref()
+                        .is_some_and(|utr| record.utrs.contains(utr))
                     && payee_matches(payee, &line.line.counterparty)
                     && !record.ifsc_mismatch.contains(txn_id);
                 if !candidate {
@@ -236,7 +338,10 @@ impl Agent {
                 }
                 taken.insert(txn_id.clone());
                 if needs_ifsc && !record.ifsc_verified.contains(txn_id) {
-                    decisions.push(Decision::Detail { sub, txn_id: txn_id.clone() });
+                    decisions.push(Decision::Detail {
+                        sub,
+                        txn_id: txn_id.clone(),
+                    });
                     break;
                 }
                 txn_ids.push(txn_id.clone());
@@ -249,14 +354,22 @@ impl Agent {
     }
 
     /// R-MATCH-P2: a payout without UTR takes an `out` line with its payee and amount.
-    fn pass_p2(&self, card: &Card, subs: &[usize], check_time: Timestamp, owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
-        context: &Context) -> Vec<Decision> {
+    fn pass_p2(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context,
+    ) -> Vec<Decision> {
         let tolerance = context.config.amount_tolerance;
         let mut taken = BTreeSet::new();
         let mut decisions = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
-            let Some(payee) = record.payee.as_ref() else { continue };
+            let Some(payee) = record.payee.as_ref() else {
+                continue;
+            };
             if !record.utrs.is_empty() || record.found {
                 continue;
             }
@@ -265,14 +378,20 @@ impl Agent {
                 free(line)
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::Out
-                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
+                    && matches!(
+                        line.line.status,
+                        LineStatus::Success | LineStatus::Processing
+                    )
                     && line.line.amount.within(record.amount, tolerance)
                     && payee_matches(payee, &line.line.counterparty)
                     && !owned_by_other(line, sub)
             });
             if let Some(line) = hit {
                 taken.insert(line.line.txn_id.clone());
-                decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()] });
+                decisions.push(Decision::Payout {
+                    sub,
+                    txn_ids: vec![line.line.txn_id.clone()],
+                });
             }
         }
         decisions
@@ -280,7 +399,10 @@ impl Agent {
 
     fn take_line(&mut self, card_id: &str, sub: usize, txn_id: &str) -> Option<Line> {
         let line = self.cards.get_mut(card_id)?.bill.get_mut(txn_id)?;
-        debug_assert!(line.used_by.is_none(), "R-WIN-3: a line is matched at most once");
+        debug_assert!(
+            line.used_by.is_none(),
+            "R-WIN-3: a line is matched at most once"
+        );
         line.used_by = Some(sub);
         let record = &mut self.subs[sub];
         record.matched_txn_ids.push(txn_id.to_string());
@@ -288,34 +410,71 @@ impl Agent {
         Some(line.line.clone())
     }
 
-    fn apply_decision(&mut self, card_id: &str, decision: Decision, check_time: Timestamp, context: &mut Context) {
+    fn apply_decision(
+        &mut self,
+        card_id: &str,
+        decision: Decision,
+        check_time: Timestamp,
+        context: &mut Context,
+    ) {
         let now = context.effects.now;
         match decision {
-            Decision::Collection { sub, txn_id, rule, record_utr } => {
-                let Some(line) = self.take_line(card_id, sub, &txn_id) else { return };
+            Decision::Collection {
+                sub,
+                txn_id,
+                rule,
+                record_utr,
+            } => {
+                let Some(line) = self.take_line(card_id, sub, &txn_id) else {
+                    return;
+                };
                 if let Some(utr) = record_utr.clone() {
                     // R-MATCH-C2: the order's UTR is recorded on the line.
-                    if let Some(bill_line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
+                    if let Some(bill_line) = self
+                        .cards
+                        .get_mut(card_id)
+                        .and_then(|card| card.bill.get_mut(&txn_id))
+                    {
                         bill_line.line.utr = Some(utr);
                     }
                 }
                 let record = &mut self.subs[sub];
                 let (lower, upper) = window(record, check_time, context);
-                let evidence = format!("txn {txn_id} amount {} time {} window [{lower}, {upper}]", line.amount, line.time);
-                if rule == "R-MATCH-C1" && !line.amount.within(record.amount, context.config.amount_tolerance) {
+                let evidence = format!(
+                    "txn {txn_id} amount {} time {} window [{lower}, {upper}]",
+                    line.amount, line.time
+                );
+                if rule == "R-MATCH-C1"
+                    && !line
+                        .amount
+                        .within(record.amount, context.config.amount_tolerance)
+                {
                     record.flags.insert(Flag::AmountMismatch);
-                    record.note(now, "R-MATCH-C1", "amount_mismatch", format!("{evidence}; order amount {}", record.amount));
+                    record.note(
+                        now,
+                        "R-MATCH-C1",
+                        "amount_mismatch",
+                        format!("{evidence}; order amount {}", record.amount),
+                    );
                     self.set_state(sub, SubState::Reviewing);
                     return;
                 }
                 record.paid_total = line.amount;
-                let utr_backfill = if rule == "R-MATCH-C3" { line.utr.clone() } else { None };
+                let utr_backfill = if rule == "R-MATCH-C3" {
+                    line.utr.clone()
+                } else {
+                    None
+                };
                 if rule == "R-MATCH-C3" && record.utrs.is_empty() {
                     if let Some(utr) = &line.utr {
                         record.utrs.push(utr.clone());
                     }
                 }
-                let record_match = MatchRecord { rule, txn_ids: vec![txn_id], explanation: evidence };
+                let record_match = MatchRecord {
+                    rule,
+                    txn_ids: vec![txn_id],
+                    explanation: evidence,
+                };
                 self.collection_success(sub, line.amount, record_match, utr_backfill, context);
             }
             Decision::Payout { sub, txn_ids } => {
@@ -323,22 +482,41 @@ impl Agent {
                     self.take_line(card_id, sub, txn_id);
                 }
                 let (lower, upper) = window(&self.subs[sub], check_time, context);
-                self.subs[sub].note(now, "R-MATCH-P1", "lines_matched", format!("txns {txn_ids:?} window [{lower}, {upper}]"));
+                self.subs[sub].note(
+                    now,
+                    "R-MATCH-P1",
+                    "lines_matched",
+                    format!("txns {txn_ids:?} window [{lower}, {upper}]"),
+                );
                 self.evaluate_payout(sub, context);
             }
             Decision::Ambiguous { sub, lines } => {
                 let record = &mut self.subs[sub];
                 if record.flags.insert(Flag::Ambiguous) {
-                    record.note(now, "R-MATCH-C3", "ambiguous", format!("{lines} line(s) for more sub-orders of equal amount"));
+                    record.note(
+                        now,
+                        "R-MATCH-C3",
+                        "ambiguous",
+                        format!("{lines} line(s) for more sub-orders of equal amount"),
+                    );
                 }
                 self.set_state(sub, SubState::Reviewing);
             }
             Decision::Detail { sub, txn_id } => {
-                if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
+                if let Some(line) = self
+                    .cards
+                    .get_mut(card_id)
+                    .and_then(|card| card.bill.get_mut(&txn_id))
+                {
                     line.reserved_by = Some(sub);
                 }
                 self.subs[sub].awaiting_detail = Some(txn_id.clone());
-                self.subs[sub].note(now, "R-MATCH-P1", "ifsc_detail_asked", format!("txn {txn_id} reserved (R-WIN-3)"));
+                self.subs[sub].note(
+                    now,
+                    "R-MATCH-P1",
+                    "ifsc_detail_asked",
+                    format!("txn {txn_id} reserved (R-WIN-3)"),
+                );
                 self.ask_detail(card_id, &txn_id, DetailReason::Ifsc { sub }, context);
             }
         }

@@ -35,7 +35,11 @@ pub enum AgentTimer {
     /// R-WAVE-1 close check.
     Close { sub: usize },
     /// R-WAVE-2 waves of one confirmation.
-    ConfirmWave { sub: usize, generation: u32, second: bool },
+    ConfirmWave {
+        sub: usize,
+        generation: u32,
+        second: bool,
+    },
     /// R-PAY-1 final check.
     PayTimeout { sub: usize },
     /// R-MATCH-P4.
@@ -71,7 +75,11 @@ pub(crate) struct Context<'a> {
 
 impl AgentStage {
     pub fn new(config: Config) -> AgentStage {
-        AgentStage { config, agents: HashMap::new(), card_owner: HashMap::new() }
+        AgentStage {
+            config,
+            agents: HashMap::new(),
+            card_owner: HashMap::new(),
+        }
     }
 
     pub fn handle(&mut self, user_id: &str, body: AgentBody, effects: &mut Effects) {
@@ -84,19 +92,38 @@ impl AgentStage {
             AgentBody::Dispatch(request) => {
                 let order_id = request.order_id.clone();
                 let body = match self.dispatch(user_id, request, effects) {
-                    Ok((seq, card_id)) => OrderBody::DispatchAccepted { seq, user_id: user_id.to_string(), card_id },
-                    Err(reason) => OrderBody::DispatchRefused { user_id: user_id.to_string(), reason },
+                    Ok((seq, card_id)) => OrderBody::DispatchAccepted {
+                        seq,
+                        user_id: user_id.to_string(),
+                        card_id,
+                    },
+                    Err(reason) => OrderBody::DispatchRefused {
+                        user_id: user_id.to_string(),
+                        reason,
+                    },
                 };
                 effects.send(Message::Order { order_id, body });
             }
-            AgentBody::SubOrder { order_id, seq, event_id, input_type, command } => {
-                let mut context = Context { config: &self.config, effects };
+            AgentBody::SubOrder {
+                order_id,
+                seq,
+                event_id,
+                input_type,
+                command,
+            } => {
+                let mut context = Context {
+                    config: &self.config,
+                    effects,
+                };
                 let result = match self.agents.get_mut(user_id) {
                     Some(agent) => match agent.sub_index.get(&(order_id.clone(), seq)).copied() {
                         Some(sub) => agent.on_sub_order_command(sub, command, &mut context),
                         None => Err(Rejection::new(Reason::NoLiveSubOrder, "no such sub-order")),
                     },
-                    None => Err(Rejection::new(Reason::UnknownUser, format!("no user {user_id}"))),
+                    None => Err(Rejection::new(
+                        Reason::UnknownUser,
+                        format!("no user {user_id}"),
+                    )),
                 };
                 if let Err(rejection) = result {
                     effects.reject(&event_id, input_type, rejection);
@@ -106,12 +133,22 @@ impl AgentStage {
     }
 
     pub fn on_timer(&mut self, user_id: &str, timer: AgentTimer, effects: &mut Effects) {
-        let Some(agent) = self.agents.get_mut(user_id) else { return };
-        let mut context = Context { config: &self.config, effects };
+        let Some(agent) = self.agents.get_mut(user_id) else {
+            return;
+        };
+        let mut context = Context {
+            config: &self.config,
+            effects,
+        };
         agent.on_timer(timer, &mut context);
     }
 
-    fn on_input(&mut self, user_id: &str, command: &Command, effects: &mut Effects) -> Result<(), Rejection> {
+    fn on_input(
+        &mut self,
+        user_id: &str,
+        command: &Command,
+        effects: &mut Effects,
+    ) -> Result<(), Rejection> {
         if let Command::UserRegistered(registered) = command {
             // Re-registering only updates `telegram_bound` (SPEC §7 edge decisions).
             self.agents
@@ -121,13 +158,22 @@ impl AgentStage {
             return Ok(());
         }
         let Some(agent) = self.agents.get_mut(user_id) else {
-            return Err(Rejection::new(Reason::UnknownUser, format!("no user {user_id}")));
+            return Err(Rejection::new(
+                Reason::UnknownUser,
+                format!("no user {user_id}"),
+            ));
         };
-        let mut context = Context { config: &self.config, effects };
+        let mut context = Context {
+            config: &self.config,
+            effects,
+        };
         match command {
             Command::CardBound(bound) => {
                 if self.card_owner.contains_key(&bound.card_id) {
-                    return Err(Rejection::new(Reason::DuplicateCard, format!("card {} is already bound", bound.card_id)));
+                    return Err(Rejection::new(
+                        Reason::DuplicateCard,
+                        format!("card {} is already bound", bound.card_id),
+                    ));
                 }
                 if agent.cards.len() >= CARDS_PER_AGENT_MAX {
                     return Err(Rejection::new(
@@ -135,7 +181,8 @@ impl AgentStage {
                         format!("an agent binds at most {CARDS_PER_AGENT_MAX} cards"),
                     ));
                 }
-                self.card_owner.insert(bound.card_id.clone(), user_id.to_string());
+                self.card_owner
+                    .insert(bound.card_id.clone(), user_id.to_string());
                 agent.bind_card(bound, &mut context);
                 Ok(())
             }
@@ -144,7 +191,12 @@ impl AgentStage {
                 let commission = non_negative_amount(&recharge.commission, "commission")?;
                 // R-JRN-3: recharge then recharge_commission, then settlement (R-DEBT-2).
                 agent.credit(EntryKind::Recharge, amount, None, context.effects.now);
-                agent.credit(EntryKind::RechargeCommission, commission, None, context.effects.now);
+                agent.credit(
+                    EntryKind::RechargeCommission,
+                    commission,
+                    None,
+                    context.effects.now,
+                );
                 agent.settle(context.effects);
                 Ok(())
             }
@@ -152,9 +204,17 @@ impl AgentStage {
                 let amount = Money::parse(&adjustment.amount)
                     .ok()
                     .filter(|amount| !amount.is_zero() && amount.abs() <= super::amount_max())
-                    .ok_or_else(|| Rejection::new(Reason::InvalidAmount, "`amount` must be a non-zero 2-decimal amount"))?;
+                    .ok_or_else(|| {
+                        Rejection::new(
+                            Reason::InvalidAmount,
+                            "`amount` must be a non-zero 2-decimal amount",
+                        )
+                    })?;
                 if agent.available.plus(amount).is_negative() {
-                    return Err(Rejection::new(Reason::InsufficientBalance, "the adjustment would make available negative"));
+                    return Err(Rejection::new(
+                        Reason::InsufficientBalance,
+                        "the adjustment would make available negative",
+                    ));
                 }
                 agent.credit(EntryKind::Adjustment, amount, None, context.effects.now);
                 if amount.is_positive() {
@@ -163,16 +223,29 @@ impl AgentStage {
                 Ok(())
             }
             Command::CrawlResult(result) => agent.on_crawl_result(result, &mut context),
-            Command::CardReauthenticated(reauth) => agent.on_reauthenticated(&reauth.card_id, &mut context),
+            Command::CardReauthenticated(reauth) => {
+                agent.on_reauthenticated(&reauth.card_id, &mut context)
+            }
             Command::AdminUnban(unban) => agent.unban(&unban.operator, context.effects.now),
-            other => Err(Rejection::new(Reason::InvalidTransition, format!("{} is not an agent input", other.type_name()))),
+            other => Err(Rejection::new(
+                Reason::InvalidTransition,
+                format!("{} is not an agent input", other.type_name()),
+            )),
         }
     }
 
     /// R-DSP-1 / R-PAY-2, checks in the rule's order.
-    fn dispatch(&mut self, user_id: &str, request: DispatchRequest, effects: &mut Effects) -> Result<(u32, String), Reason> {
+    fn dispatch(
+        &mut self,
+        user_id: &str,
+        request: DispatchRequest,
+        effects: &mut Effects,
+    ) -> Result<(u32, String), Reason> {
         let agent = self.agents.get_mut(user_id).ok_or(Reason::UnknownUser)?;
-        let card = agent.cards.get(&request.card_id).ok_or(Reason::UnknownCard)?;
+        let card = agent
+            .cards
+            .get(&request.card_id)
+            .ok_or(Reason::UnknownCard)?;
         if let Some(problem) = request.order_problem {
             return Err(problem);
         }
@@ -189,7 +262,10 @@ impl AgentStage {
         if collection && agent.available < request.amount {
             return Err(Reason::InsufficientBalance);
         }
-        let mut context = Context { config: &self.config, effects };
+        let mut context = Context {
+            config: &self.config,
+            effects,
+        };
         let card_id = request.card_id.clone();
         let seq = request.seq;
         agent.start_sub_order(request, &mut context);
@@ -199,30 +275,44 @@ impl AgentStage {
 
 impl Agent {
     fn bind_card(&mut self, bound: &crate::input::CardBound, context: &mut Context) {
-        self.cards.insert(bound.card_id.clone(), Card {
-            card_id: bound.card_id.clone(),
-            provider: bound.provider,
-            auth: CardAuth::Authenticated,
-            account_last4: bound.account_last4.clone(),
-            vpa: bound.vpa.clone(),
-            reauth_notified: false,
-            requests_made: 0,
-            requests: Default::default(),
-            check: CheckState::default(),
-            bill: BillTable::default(),
-            live_subs: BTreeSet::new(),
-        });
+        self.cards.insert(
+            bound.card_id.clone(),
+            Card {
+                card_id: bound.card_id.clone(),
+                provider: bound.provider,
+                auth: CardAuth::Authenticated,
+                account_last4: bound.account_last4.clone(),
+                vpa: bound.vpa.clone(),
+                reauth_notified: false,
+                requests_made: 0,
+                requests: Default::default(),
+                check: CheckState::default(),
+                bill: BillTable::default(),
+                live_subs: BTreeSet::new(),
+            },
+        );
         // R-PEND-1: the first reservoir sync one interval after binding.
-        let due = context.effects.now.plus_seconds(context.config.reservoir_interval_s);
-        context.effects.schedule(due, Timer::Agent {
-            user_id: self.user_id.clone(),
-            timer: AgentTimer::Reservoir { card_id: bound.card_id.clone() },
-        });
+        let due = context
+            .effects
+            .now
+            .plus_seconds(context.config.reservoir_interval_s);
+        context.effects.schedule(
+            due,
+            Timer::Agent {
+                user_id: self.user_id.clone(),
+                timer: AgentTimer::Reservoir {
+                    card_id: bound.card_id.clone(),
+                },
+            },
+        );
     }
 
     fn unban(&mut self, operator: &str, at: crate::time::Timestamp) -> Result<(), Rejection> {
         if self.status != AgentStatus::Banned {
-            return Err(Rejection::new(Reason::InvalidTransition, format!("user {} is not banned", self.user_id)));
+            return Err(Rejection::new(
+                Reason::InvalidTransition,
+                format!("user {} is not banned", self.user_id),
+            ));
         }
         // R-ERR-2: only an operator lifts a ban; lines before it no longer count.
         self.status = AgentStatus::Active;
@@ -238,7 +328,10 @@ impl Agent {
     }
 
     pub(crate) fn timer(&self, timer: AgentTimer) -> Timer {
-        Timer::Agent { user_id: self.user_id.clone(), timer }
+        Timer::Agent {
+            user_id: self.user_id.clone(),
+            timer,
+        }
     }
 
     /// An accepted dispatch or grab: hold, sub-order, waves and close (R-DSP-1, R-PAY-2, R-WAVE-1, R-PAY-1).
@@ -249,8 +342,13 @@ impl Agent {
         let (hold_id, close_at) = match request.kind {
             OrderKind::Collection => {
                 let close_after = now.plus_seconds(config.collection_close_after_s);
-                let close_at = request.expires_at.map_or(close_after, |expires_at| close_after.min(expires_at));
-                (Some(self.freeze(&request.order_id, request.amount)), Some(close_at))
+                let close_at = request
+                    .expires_at
+                    .map_or(close_after, |expires_at| close_after.min(expires_at));
+                (
+                    Some(self.freeze(&request.order_id, request.amount)),
+                    Some(close_at),
+                )
             }
             OrderKind::Payout => (None, None),
         };
@@ -285,24 +383,44 @@ impl Agent {
         match request.kind {
             OrderKind::Collection => {
                 let close_at = close_at.unwrap_or(now);
-                sub.note(now, "R-DSP-1", "dispatched", format!(
-                    "card {} amount {} hold {} close_at {close_at}", request.card_id, request.amount,
-                    hold_id.unwrap_or_default()));
+                sub.note(
+                    now,
+                    "R-DSP-1",
+                    "dispatched",
+                    format!(
+                        "card {} amount {} hold {} close_at {close_at}",
+                        request.card_id,
+                        request.amount,
+                        hold_id.unwrap_or_default()
+                    ),
+                );
                 for wave in &config.collection_waves_s {
                     let due = now.plus_seconds(*wave);
                     if due < close_at {
-                        context.effects.schedule(due, self.timer(AgentTimer::CollectionWave { sub: index }));
+                        context
+                            .effects
+                            .schedule(due, self.timer(AgentTimer::CollectionWave { sub: index }));
                     }
                 }
-                context.effects.schedule(close_at, self.timer(AgentTimer::Close { sub: index }));
+                context
+                    .effects
+                    .schedule(close_at, self.timer(AgentTimer::Close { sub: index }));
             }
             OrderKind::Payout => {
-                sub.note(now, "R-PAY-2", "grabbed", format!("card {}", request.card_id));
+                sub.note(
+                    now,
+                    "R-PAY-2",
+                    "grabbed",
+                    format!("card {}", request.card_id),
+                );
                 let due = now.plus_seconds(config.payout_pay_timeout_s);
-                context.effects.schedule(due, self.timer(AgentTimer::PayTimeout { sub: index }));
+                context
+                    .effects
+                    .schedule(due, self.timer(AgentTimer::PayTimeout { sub: index }));
             }
         }
-        self.sub_index.insert((request.order_id, request.seq), index);
+        self.sub_index
+            .insert((request.order_id, request.seq), index);
         self.subs.push(sub);
         if let Some(card) = self.cards.get_mut(&request.card_id) {
             card.live_subs.insert(index);
@@ -323,56 +441,91 @@ impl Agent {
     }
 
     pub(crate) fn provider_of(&self, sub: usize) -> Provider {
-        self.cards.get(&self.subs[sub].card_id).map_or(Provider::Other, |card| card.provider)
+        self.cards
+            .get(&self.subs[sub].card_id)
+            .map_or(Provider::Other, |card| card.provider)
     }
 
     pub(crate) fn card_authenticated(&self, card_id: &str) -> bool {
-        self.cards.get(card_id).is_some_and(|card| card.auth == CardAuth::Authenticated)
+        self.cards
+            .get(card_id)
+            .is_some_and(|card| card.auth == CardAuth::Authenticated)
     }
 
     pub(crate) fn reply(&self, sub: usize, outcome: SubOutcome, context: &mut Context) {
         let sub = &self.subs[sub];
         context.effects.send(Message::Order {
             order_id: sub.order_id.clone(),
-            body: OrderBody::Outcome { seq: sub.seq, outcome },
+            body: OrderBody::Outcome {
+                seq: sub.seq,
+                outcome,
+            },
         });
     }
 
-    fn on_sub_order_command(&mut self, sub: usize, command: SubOrderCommand, context: &mut Context) -> Result<(), Rejection> {
+    fn on_sub_order_command(
+        &mut self,
+        sub: usize,
+        command: SubOrderCommand,
+        context: &mut Context,
+    ) -> Result<(), Rejection> {
         let now = context.effects.now;
         let state = self.subs[sub].state;
         let kind = self.subs[sub].kind;
-        let invalid = || Rejection::new(Reason::InvalidTransition, format!("the sub-order is {state:?}"));
+        let invalid = || {
+            Rejection::new(
+                Reason::InvalidTransition,
+                format!("the sub-order is {state:?}"),
+            )
+        };
         match command {
             SubOrderCommand::PaymentConfirmed { utr } => {
                 if !state.is_live() {
-                    return Err(Rejection::new(Reason::NoLiveSubOrder, "the sub-order is final"));
+                    return Err(Rejection::new(
+                        Reason::NoLiveSubOrder,
+                        "the sub-order is final",
+                    ));
                 }
                 self.confirm_payment(sub, utr, context);
                 Ok(())
             }
             SubOrderCommand::Cancel { by } => match kind {
-                OrderKind::Collection if self.subs[sub].found => {
-                    Err(Rejection::new(Reason::LineFound, "a statement line was matched: an operator decides"))
-                }
+                OrderKind::Collection if self.subs[sub].found => Err(Rejection::new(
+                    Reason::LineFound,
+                    "a statement line was matched: an operator decides",
+                )),
                 OrderKind::Collection if state.is_live() => {
                     self.subs[sub].note(now, "R-CLOSE-3", "cancelled", format!("by {by:?}"));
                     self.close_collection(sub, SubState::Cancelled, context);
                     Ok(())
                 }
                 OrderKind::Payout if state == SubState::Paying => {
-                    self.subs[sub].note(now, "R-CLOSE-3", "abandoned", "agent cancelled the grab".to_string());
+                    self.subs[sub].note(
+                        now,
+                        "R-CLOSE-3",
+                        "abandoned",
+                        "agent cancelled the grab".to_string(),
+                    );
                     self.set_state(sub, SubState::Cancelled);
                     self.reply(sub, SubOutcome::PayoutReturned, context);
                     Ok(())
                 }
                 _ => Err(invalid()),
             },
-            SubOrderCommand::Supplement { utr } => self.revive(sub, utr, "R-POST-1", PurposeKind::Revival, context),
-            SubOrderCommand::Retry => self.revive(sub, None, "R-POST-1", PurposeKind::Revival, context),
+            SubOrderCommand::Supplement { utr } => {
+                self.revive(sub, utr, "R-POST-1", PurposeKind::Revival, context)
+            }
+            SubOrderCommand::Retry => {
+                self.revive(sub, None, "R-POST-1", PurposeKind::Revival, context)
+            }
             SubOrderCommand::CrawlRetry => {
                 if state == SubState::Reviewing {
-                    self.subs[sub].note(now, "R-HIS-3", "operator_retry", "bill table, then a live check".to_string());
+                    self.subs[sub].note(
+                        now,
+                        "R-HIS-3",
+                        "operator_retry",
+                        "bill table, then a live check".to_string(),
+                    );
                     self.look_then_check(sub, PurposeKind::OperatorRetry, context);
                     Ok(())
                 } else {
@@ -402,10 +555,18 @@ impl Agent {
             }
             SubOrderCommand::CancelPayout => {
                 if self.subs[sub].found {
-                    return Err(Rejection::new(Reason::LineFound, "a statement line was matched to the live sub-order"));
+                    return Err(Rejection::new(
+                        Reason::LineFound,
+                        "a statement line was matched to the live sub-order",
+                    ));
                 }
                 if state.is_live() {
-                    self.subs[sub].note(now, "R-ADMIN-4", "rejected", "whole payout cancelled".to_string());
+                    self.subs[sub].note(
+                        now,
+                        "R-ADMIN-4",
+                        "rejected",
+                        "whole payout cancelled".to_string(),
+                    );
                     self.release_reservation(sub);
                     self.set_state(sub, SubState::Rejected);
                 }
@@ -432,7 +593,12 @@ impl Agent {
         }
         record.confirm_generation += 1;
         let generation = record.confirm_generation;
-        record.note(now, "R-WAVE-2", "payment_confirmed", format!("utr {}", utr.as_deref().unwrap_or("none")));
+        record.note(
+            now,
+            "R-WAVE-2",
+            "payment_confirmed",
+            format!("utr {}", utr.as_deref().unwrap_or("none")),
+        );
         if record.state == SubState::Paying {
             self.set_state(sub, SubState::Reviewing);
         }
@@ -445,21 +611,34 @@ impl Agent {
             config.confirm_first_wave_s
         };
         for (offset, second) in [(first, false), (config.confirm_second_wave_s, true)] {
-            let timer = self.timer(AgentTimer::ConfirmWave { sub, generation, second });
+            let timer = self.timer(AgentTimer::ConfirmWave {
+                sub,
+                generation,
+                second,
+            });
             context.effects.schedule(now.plus_seconds(offset), timer);
         }
     }
 
     /// R-POST-1 / R-HIS-3: revives a cancelled or timed-out collection into review.
-    fn revive(&mut self, sub: usize, utr: Option<String>, rule: &'static str, purpose: PurposeKind,
-        context: &mut Context) -> Result<(), Rejection> {
+    fn revive(
+        &mut self,
+        sub: usize,
+        utr: Option<String>,
+        rule: &'static str,
+        purpose: PurposeKind,
+        context: &mut Context,
+    ) -> Result<(), Rejection> {
         let record = &self.subs[sub];
         if record.kind != OrderKind::Collection
             || !matches!(record.state, SubState::Cancelled | SubState::PaymentTimeout)
         {
             return Err(Rejection::new(
                 Reason::InvalidTransition,
-                format!("only a cancelled or timed-out collection is revived; the sub-order is {:?}", record.state),
+                format!(
+                    "only a cancelled or timed-out collection is revived; the sub-order is {:?}",
+                    record.state
+                ),
             ));
         }
         let now = context.effects.now;
@@ -473,7 +652,12 @@ impl Agent {
         let record = &mut self.subs[sub];
         record.revived_from = Some(previous);
         record.flags.insert(Flag::Revived);
-        record.note(now, rule, "revived", format!("from {previous:?}, utrs {:?}", record.utrs));
+        record.note(
+            now,
+            rule,
+            "revived",
+            format!("from {previous:?}, utrs {:?}", record.utrs),
+        );
         self.set_state(sub, SubState::Reviewing);
         self.look_then_check(sub, purpose, context);
         Ok(())

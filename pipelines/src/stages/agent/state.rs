@@ -252,7 +252,10 @@ pub enum DetailReason {
 pub enum RequestKind {
     OrderCheck,
     Reservoir,
-    Detail { txn_id: String, reason: DetailReason },
+    Detail {
+        txn_id: String,
+        reason: DetailReason,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -344,8 +347,19 @@ pub struct SubOrder {
 }
 
 impl SubOrder {
-    pub fn note(&mut self, at: Timestamp, rule: &'static str, event: &'static str, evidence: String) {
-        self.timeline.push(TimelineEntry { at, rule, event, evidence });
+    pub fn note(
+        &mut self,
+        at: Timestamp,
+        rule: &'static str,
+        event: &'static str,
+        evidence: String,
+    ) {
+        self.timeline.push(TimelineEntry {
+            at,
+            rule,
+            event,
+            evidence,
+        });
     }
 
     /// Open for matching (SPEC §7 "Match rules"): live and not found, plus under-paid ones.
@@ -400,7 +414,11 @@ impl Agent {
     }
 
     pub fn balances(&self) -> Balances {
-        Balances { available: self.available, frozen: self.frozen, deferred: self.deferred }
+        Balances {
+            available: self.available,
+            frozen: self.frozen,
+            deferred: self.deferred,
+        }
     }
 
     /// `dispatch_eligible` (SPEC §4): active and nothing deferred.
