@@ -12,6 +12,7 @@ pub mod config;
 pub mod document;
 pub mod engine;
 pub mod input;
+pub mod invariants;
 pub mod money;
 pub mod output;
 pub mod replay;

@@ -53,6 +53,8 @@ pub struct MainOrder {
     pub creating: bool,
     /// A dispatch or grab waiting for the agent stage's answer (arbitration, SPEC §3).
     pub dispatch_in_flight: bool,
+    /// What the merchant was credited for on success (R-MER-2) or paid out (R-MER-4), for audits.
+    pub actual_amount: Option<Money>,
     /// Callbacks sent so far (`callback_id` = `{order_id}:{n}`).
     pub callbacks_sent: u32,
 }
@@ -259,6 +261,7 @@ impl OrderStage {
                 creating: true,
                 dispatch_in_flight: false,
                 callbacks_sent: 0,
+                actual_amount: None,
             },
         );
         if let Some(expires_at) = expires_at {
@@ -404,6 +407,7 @@ impl OrderStage {
                     actual,
                 }));
                 order.state = OrderState::Success;
+                order.actual_amount = Some(actual);
                 callback(order, CallbackStatus::Success, Some(actual), effects);
             }
             SubOutcome::CollectionCancelled => {
@@ -411,6 +415,7 @@ impl OrderStage {
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
             SubOutcome::CollectionCorrected => {
+                order.actual_amount = None;
                 effects.send(merchant(MerchantBody::Clawback {
                     order_id: order_id.to_string(),
                 }));
@@ -422,6 +427,7 @@ impl OrderStage {
                     order_id: order_id.to_string(),
                 }));
                 order.state = OrderState::Success;
+                order.actual_amount = Some(paid_total);
                 callback(order, CallbackStatus::Success, Some(paid_total), effects);
             }
             SubOutcome::PayoutReturned => {
