@@ -12,7 +12,8 @@ use crate::stages::order::OrderStage;
 use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
 use crate::time::Timestamp;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use rustc_hash::FxHashSet as HashSet;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Internal events one input may cause before the engine declares a livelock (a bug, not bad input).
 const CASCADE_EVENTS_MAX: usize = 1_000_000;
@@ -43,7 +44,7 @@ impl Engine {
             timers: BTreeMap::new(),
             timers_created: 0,
             clock: Timestamp::default(),
-            seen_event_ids: HashSet::new(),
+            seen_event_ids: HashSet::default(),
             outputs: Vec::new(),
             effects: Effects::default(),
         }

@@ -5,7 +5,8 @@
 use crate::input::{CrawlError, CrawlResult, Fault, LineStatus, StatementLine};
 use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;

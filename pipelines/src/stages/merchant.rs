@@ -6,8 +6,8 @@ use crate::input::Command;
 use crate::money::{Money, Rate};
 use crate::output::{Reason, Rejection};
 use crate::time::Timestamp;
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
-use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -198,8 +198,8 @@ impl MerchantStage {
                             payout_reserve: Money::ZERO,
                         },
                         journal: Vec::new(),
-                        collection_net: HashMap::new(),
-                        payout_payable: HashMap::new(),
+                        collection_net: HashMap::default(),
+                        payout_payable: HashMap::default(),
                     });
                 merchant.collection_fee_rate = fees.collection_fee_rate;
                 merchant.payout_fee_rate = fees.payout_fee_rate;

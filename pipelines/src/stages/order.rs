@@ -10,8 +10,8 @@ use crate::input::{Command, Party};
 use crate::money::Money;
 use crate::output::{CallbackStatus, OrderKind, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
-use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -314,7 +314,7 @@ impl OrderStage {
             Some(Reason::OrderNotPending)
         } else if order
             .expires_at
-            .is_some_and(|expires_at| effects.now > expires_at)
+            .is_some_and(|expires_at| effects.now >= expires_at)
         {
             Some(Reason::OrderExpired)
         } else {
@@ -332,7 +332,13 @@ impl OrderStage {
             order_problem,
             expires_at: order.expires_at,
             payee: order.payee.clone(),
-            utr: order.utr.clone(),
+            // A collection's sub-orders inherit the order's UTR; a payout's come only from its own
+            // payment_confirmed events (SPEC §4).
+            utr: if kind == OrderKind::Collection {
+                order.utr.clone()
+            } else {
+                None
+            },
         };
         let _ = event_id;
         effects.send(Message::Agent {

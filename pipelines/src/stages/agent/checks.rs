@@ -64,7 +64,6 @@ impl Agent {
                         "bill_pending_timeout",
                         "line still processing".to_string(),
                     );
-                    self.subs[sub].flags.remove(&Flag::BillPending);
                     self.payout_returned(sub, SubState::Rejected, "R-PEND-2", context);
                 }
             }
@@ -114,9 +113,16 @@ impl Agent {
                     && (record.state == SubState::Paying
                         || (reviewing && record.flags.contains(&Flag::Ambiguous)))
             }
-            PurposeKind::ConfirmFirst | PurposeKind::ConfirmSecond => {
+            PurposeKind::ConfirmFirst => {
                 purpose.generation == record.confirm_generation
                     && reviewing
+                    && (!record.found || record.flags.contains(&Flag::Underpaid))
+            }
+            // R-WAVE-2: "if the first finds the line, the second is not asked".
+            PurposeKind::ConfirmSecond => {
+                purpose.generation == record.confirm_generation
+                    && reviewing
+                    && !record.matched_since_confirmation
                     && (!record.found || record.flags.contains(&Flag::Underpaid))
             }
             PurposeKind::PayFinal => record.state == SubState::Paying,
@@ -152,6 +158,20 @@ impl Agent {
         };
         if card.auth == CardAuth::Unauthenticated {
             return self.skipped(purpose, context);
+        }
+        // A purpose falling due at the very instant a check was asked joins it: the check's window is the
+        // same, so it counts for both (R-CHK-1). Later ones wait for the answer (coalesced).
+        let now = context.effects.now;
+        if let Some(flight) = card
+            .check
+            .in_flight
+            .as_mut()
+            .filter(|flight| flight.asked_at == now && flight.pages == 1)
+        {
+            if !flight.purposes.contains(&purpose) {
+                flight.purposes.push(purpose);
+            }
+            return;
         }
         if card.check.in_flight.is_some() || card.check.retry_scheduled {
             card.check.waiting.push(purpose);
@@ -537,7 +557,10 @@ impl Agent {
             PurposeKind::Close if record.state == SubState::Paying => {
                 self.close_collection(sub, SubState::PaymentTimeout, context);
             }
-            PurposeKind::ConfirmSecond => self.user_submission_missed(sub, context),
+            // A found (under-paid) sub-order is past the user-submission rule and follows its flag's rule.
+            PurposeKind::ConfirmSecond if !self.subs[sub].found => {
+                self.user_submission_missed(sub, context)
+            }
             PurposeKind::PayFinal => {
                 self.subs[sub].note(
                     now,
@@ -705,7 +728,7 @@ impl Agent {
         lines: Vec<Line>,
         context: &mut Context,
     ) {
-        let page: std::collections::HashSet<String> =
+        let page: rustc_hash::FxHashSet<String> =
             lines.iter().map(|line| line.txn_id.clone()).collect();
         self.apply_statement(card_id, lines, asked_at, context);
         // Matched lines still processing that the latest-50 page does not contain: one detail each.

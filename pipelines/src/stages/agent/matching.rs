@@ -7,7 +7,8 @@ use crate::input::{Direction, LineStatus, Party, Provider};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// R-WIN-1 / R-WIN-2: the window of a sub-order for a check asked at `check_time`.
 fn window(record: &SubOrder, check_time: Timestamp, context: &Context) -> (Timestamp, Timestamp) {
@@ -95,7 +96,7 @@ impl Agent {
             return;
         }
         // UTRs of the card's open sub-orders: a line carrying one is left out of C2, C3 and P2 for others.
-        let mut utr_owner: HashMap<String, BTreeSet<usize>> = HashMap::new();
+        let mut utr_owner: HashMap<String, BTreeSet<usize>> = HashMap::default();
         for sub in &live {
             for utr in &self.subs[*sub].utrs {
                 utr_owner.entry(utr.clone()).or_default().insert(*sub);
@@ -199,7 +200,7 @@ impl Agent {
     ) -> Vec<Decision> {
         let tolerance = context.config.amount_tolerance;
         let mut lines_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-        let mut subs_of: HashMap<String, usize> = HashMap::new();
+        let mut subs_of: HashMap<String, usize> = HashMap::default();
         for &sub in subs {
             let record = &self.subs[sub];
             if record.utrs.is_empty() || record.found {
@@ -407,6 +408,7 @@ impl Agent {
         let record = &mut self.subs[sub];
         record.matched_txn_ids.push(txn_id.to_string());
         record.found = true;
+        record.matched_since_confirmation = true;
         Some(line.line.clone())
     }
 
@@ -450,6 +452,11 @@ impl Agent {
                         .within(record.amount, context.config.amount_tolerance)
                 {
                     record.flags.insert(Flag::AmountMismatch);
+                    record.paid_total = if line.status == LineStatus::Success {
+                        line.amount
+                    } else {
+                        Money::ZERO
+                    };
                     record.note(
                         now,
                         "R-MATCH-C1",

@@ -25,7 +25,8 @@ use crate::config::Config;
 use crate::input::{Command, Provider};
 use crate::money::Money;
 use crate::output::{OrderKind, Reason, Rejection};
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeSet;
 
 /// Timers the agent stage sets. `sub` is the agent-local index of a sub-order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,8 +78,8 @@ impl AgentStage {
     pub fn new(config: Config) -> AgentStage {
         AgentStage {
             config,
-            agents: HashMap::new(),
-            card_owner: HashMap::new(),
+            agents: HashMap::default(),
+            card_owner: HashMap::default(),
         }
     }
 
@@ -372,6 +373,7 @@ impl Agent {
             closed_at: None,
             revived_from: None,
             confirm_generation: 0,
+            matched_since_confirmation: false,
             lapses: BTreeSet::new(),
             ifsc_mismatch: BTreeSet::new(),
             ifsc_verified: BTreeSet::new(),
@@ -592,6 +594,7 @@ impl Agent {
             }
         }
         record.confirm_generation += 1;
+        record.matched_since_confirmation = false;
         let generation = record.confirm_generation;
         record.note(
             now,

@@ -4,8 +4,9 @@ use crate::input::{Direction, LineStatus, Party, Provider, StatementLine};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Statement lines kept per card in the bill table; the oldest lines no sub-order uses are evicted
 /// beyond it, which bounds memory per card (≈ 300 bytes a line).
@@ -337,6 +338,8 @@ pub struct SubOrder {
     /// The state a revival came from (R-POST-1, R-HIS-3).
     pub revived_from: Option<SubState>,
     pub confirm_generation: u32,
+    /// A line was matched since the last `payment_confirmed` (R-WAVE-2: no second wave then).
+    pub matched_since_confirmation: bool,
     pub lapses: BTreeSet<Lapse>,
     pub ifsc_mismatch: BTreeSet<String>,
     pub ifsc_verified: BTreeSet<String>,
@@ -407,7 +410,7 @@ impl Agent {
             status_history: Vec::new(),
             last_unban_at: None,
             subs: Vec::new(),
-            sub_index: HashMap::new(),
+            sub_index: HashMap::default(),
             errored: BTreeSet::new(),
             sweep_scheduled: false,
         }
