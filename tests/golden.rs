@@ -23,8 +23,8 @@ fn scenarios() -> Vec<PathBuf> {
 
 fn expectation_of(path: &Path) -> Value {
     let expect_path = path.with_extension("expect.json");
-    let text = std::fs::read_to_string(&expect_path)
-        .unwrap_or_else(|_| panic!("{} has no expectation", path.display()));
+    let text =
+        std::fs::read_to_string(&expect_path).unwrap_or_else(|_| panic!("{} has no expectation", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|error| panic!("{}: {error}", expect_path.display()))
 }
 
@@ -36,21 +36,14 @@ fn every_golden_scenario_matches_its_expectation() {
     for path in &paths {
         let text = std::fs::read_to_string(path).expect("readable scenario");
         let expectation = expectation_of(path);
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
         if let Some(line) = expectation.get("error_line").and_then(Value::as_u64) {
             match parse_scenario(&text) {
                 Err(error) if error.line() as u64 == line => {}
-                Err(error) => failures.push(format!(
-                    "{name}: stopped at line {} ({error}), expected {line}",
-                    error.line()
-                )),
-                Ok(_) => failures.push(format!(
-                    "{name}: expected a structural error at line {line}"
-                )),
+                Err(error) => {
+                    failures.push(format!("{name}: stopped at line {} ({error}), expected {line}", error.line()))
+                }
+                Ok(_) => failures.push(format!("{name}: expected a structural error at line {line}")),
             }
             continue;
         }
@@ -70,13 +63,7 @@ fn every_golden_scenario_matches_its_expectation() {
             failures.push(format!("{name}: {difference}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios failed:\n{}",
-        failures.len(),
-        paths.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} scenarios failed:\n{}", failures.len(), paths.len(), failures.join("\n"));
 }
 
 /// The rule ids of SPEC §7, as of the spec this engine implements (checked against the spec itself
@@ -138,25 +125,15 @@ const RULE_IDS: [&str; 52] = [
 
 #[test]
 fn the_rule_list_is_the_spec_s() {
-    let spec =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/SPEC.md"));
+    let spec = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/SPEC.md"));
     let Ok(spec) = spec else {
-        eprintln!(
-            "SKIPPED: ../shared/SPEC.md is not beside the checkout; using the embedded rule list"
-        );
+        eprintln!("SKIPPED: ../shared/SPEC.md is not beside the checkout; using the embedded rule list");
         return;
     };
-    let section = spec
-        .split("## 7. Rules")
-        .nth(1)
-        .and_then(|rest| rest.split("## 8.").next())
-        .unwrap_or_default();
+    let section = spec.split("## 7. Rules").nth(1).and_then(|rest| rest.split("## 8.").next()).unwrap_or_default();
     let mut rules = BTreeSet::new();
     for (index, _) in section.match_indices("**R-") {
-        let id: String = section[index + 2..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .collect();
+        let id: String = section[index + 2..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
         rules.insert(id);
     }
     let embedded: BTreeSet<String> = RULE_IDS.iter().map(|id| id.to_string()).collect();
@@ -173,8 +150,5 @@ fn every_rule_of_the_spec_is_cited_by_a_scenario() {
         }
     }
     let missing: Vec<&String> = rules.difference(&cited).collect();
-    assert!(
-        missing.is_empty(),
-        "rule ids no scenario cites: {missing:?}"
-    );
+    assert!(missing.is_empty(), "rule ids no scenario cites: {missing:?}");
 }

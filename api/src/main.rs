@@ -5,11 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "paisa",
-    version,
-    about = "Reconciles e-wallet statements against merchant payment orders"
-)]
+#[command(name = "paisa", version, about = "Reconciles e-wallet statements against merchant payment orders")]
 struct Cli {
     #[command(subcommand)]
     command: Commands,
@@ -38,8 +34,7 @@ fn main() -> ExitCode {
 }
 
 fn replay(file: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     match pipelines::replay::replay_to_json(&text) {
         Ok(document) => {
             println!("{document}");

@@ -149,79 +149,31 @@ impl Config {
     pub fn from_overrides(overrides: ConfigOverrides) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let o = overrides;
-        duration(
-            "window_start_offset",
-            o.window_start_offset,
-            &mut config.window_start_offset_s,
-        )?;
+        duration("window_start_offset", o.window_start_offset, &mut config.window_start_offset_s)?;
         duration("window_slack", o.window_slack, &mut config.window_slack_s)?;
-        duration(
-            "collection_close_after",
-            o.collection_close_after,
-            &mut config.collection_close_after_s,
-        )?;
-        duration(
-            "confirm_first_wave",
-            o.confirm_first_wave,
-            &mut config.confirm_first_wave_s,
-        )?;
+        duration("collection_close_after", o.collection_close_after, &mut config.collection_close_after_s)?;
+        duration("confirm_first_wave", o.confirm_first_wave, &mut config.confirm_first_wave_s)?;
         duration(
             "confirm_first_wave_freecharge",
             o.confirm_first_wave_freecharge,
             &mut config.confirm_first_wave_freecharge_s,
         )?;
-        duration(
-            "confirm_second_wave",
-            o.confirm_second_wave,
-            &mut config.confirm_second_wave_s,
-        )?;
+        duration("confirm_second_wave", o.confirm_second_wave, &mut config.confirm_second_wave_s)?;
         duration("crawl_retry", o.crawl_retry, &mut config.crawl_retry_s)?;
-        duration(
-            "crawl_timeout",
-            o.crawl_timeout,
-            &mut config.crawl_timeout_s,
-        )?;
+        duration("crawl_timeout", o.crawl_timeout, &mut config.crawl_timeout_s)?;
         duration("detail_retry", o.detail_retry, &mut config.detail_retry_s)?;
-        duration(
-            "payout_pay_timeout",
-            o.payout_pay_timeout,
-            &mut config.payout_pay_timeout_s,
-        )?;
-        duration(
-            "underpaid_timeout",
-            o.underpaid_timeout,
-            &mut config.underpaid_timeout_s,
-        )?;
-        duration(
-            "reservoir_interval",
-            o.reservoir_interval,
-            &mut config.reservoir_interval_s,
-        )?;
-        duration(
-            "bill_pending_timeout",
-            o.bill_pending_timeout,
-            &mut config.bill_pending_timeout_s,
-        )?;
+        duration("payout_pay_timeout", o.payout_pay_timeout, &mut config.payout_pay_timeout_s)?;
+        duration("underpaid_timeout", o.underpaid_timeout, &mut config.underpaid_timeout_s)?;
+        duration("reservoir_interval", o.reservoir_interval, &mut config.reservoir_interval_s)?;
+        duration("bill_pending_timeout", o.bill_pending_timeout, &mut config.bill_pending_timeout_s)?;
         duration(
             "bill_pending_timeout_freecharge",
             o.bill_pending_timeout_freecharge,
             &mut config.bill_pending_timeout_freecharge_s,
         )?;
-        duration(
-            "debt_sweep_interval",
-            o.debt_sweep_interval,
-            &mut config.debt_sweep_interval_s,
-        )?;
-        duration(
-            "errored_window",
-            o.errored_window,
-            &mut config.errored_window_s,
-        )?;
-        duration(
-            "crawl_latency",
-            o.crawl_latency,
-            &mut config.crawl_latency_s,
-        )?;
+        duration("debt_sweep_interval", o.debt_sweep_interval, &mut config.debt_sweep_interval_s)?;
+        duration("errored_window", o.errored_window, &mut config.errored_window_s)?;
+        duration("crawl_latency", o.crawl_latency, &mut config.crawl_latency_s)?;
         if let Some(waves) = o.collection_waves {
             let ascending = waves.windows(2).all(|pair| pair[0] < pair[1]);
             let in_range = waves.iter().all(|wave| (0..=DURATION_MAX_S).contains(wave));
@@ -232,9 +184,7 @@ impl Config {
         }
         if let Some(pages) = o.crawl_pages_max {
             if pages == 0 {
-                return Err(ConfigError::Positive {
-                    key: "crawl_pages_max",
-                });
+                return Err(ConfigError::Positive { key: "crawl_pages_max" });
             }
             config.crawl_pages_max = pages;
         }
@@ -245,31 +195,20 @@ impl Config {
             config.amount_tolerance = Money::parse(&text)
                 .ok()
                 .filter(|tolerance| !tolerance.is_negative())
-                .ok_or(ConfigError::Decimal {
-                    key: "amount_tolerance",
-                    value: text,
-                })?;
+                .ok_or(ConfigError::Decimal { key: "amount_tolerance", value: text })?;
         }
         if let Some(text) = o.payout_reward_rate {
-            config.payout_reward_rate = Rate::parse(&text).map_err(|_| ConfigError::Decimal {
-                key: "payout_reward_rate",
-                value: text,
-            })?;
+            config.payout_reward_rate =
+                Rate::parse(&text).map_err(|_| ConfigError::Decimal { key: "payout_reward_rate", value: text })?;
         }
         if config.debt_sweep_interval_s == 0 {
-            return Err(ConfigError::Positive {
-                key: "debt_sweep_interval",
-            });
+            return Err(ConfigError::Positive { key: "debt_sweep_interval" });
         }
         if config.reservoir_interval_s == 0 {
-            return Err(ConfigError::Positive {
-                key: "reservoir_interval",
-            });
+            return Err(ConfigError::Positive { key: "reservoir_interval" });
         }
         if config.detail_retry_s == 0 {
-            return Err(ConfigError::Positive {
-                key: "detail_retry",
-            });
+            return Err(ConfigError::Positive { key: "detail_retry" });
         }
         if config.crawl_timeout_s <= config.crawl_latency_s {
             return Err(ConfigError::TimeoutNotAboveLatency {

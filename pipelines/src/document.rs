@@ -5,8 +5,8 @@ use crate::input::Provider;
 use crate::money::Money;
 use crate::output::{OrderKind, Output};
 use crate::stages::agent::state::{
-    Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord,
-    StatusChange, SubState, TimelineEntry,
+    Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord, StatusChange, SubState,
+    TimelineEntry,
 };
 use crate::stages::merchant::MerchantEntry;
 use crate::stages::order::{MainOrder, OrderState};
@@ -80,11 +80,7 @@ pub struct OrderView<'a> {
 
 /// The user view of an agent.
 pub fn user_view(agent: &Agent) -> UserView<'_> {
-    let Balances {
-        available,
-        frozen,
-        deferred,
-    } = agent.balances();
+    let Balances { available, frozen, deferred } = agent.balances();
     UserView {
         status: agent.status,
         available,
@@ -95,15 +91,7 @@ pub fn user_view(agent: &Agent) -> UserView<'_> {
         cards: agent
             .cards
             .iter()
-            .map(|(id, card)| {
-                (
-                    id.as_str(),
-                    CardView {
-                        provider: card.provider,
-                        auth: card.auth,
-                    },
-                )
-            })
+            .map(|(id, card)| (id.as_str(), CardView { provider: card.provider, auth: card.auth }))
             .collect(),
         holds: &agent.holds,
         journal: &agent.journal,
@@ -120,10 +108,7 @@ pub fn order_view<'a>(engine: &'a Engine, order: &'a MainOrder) -> OrderView<'a>
         let Some(agent) = engine.agents.agents.get(&reference.user_id) else {
             continue;
         };
-        let Some(&index) = agent
-            .sub_index
-            .get(&(order.order_id.clone(), reference.seq))
-        else {
+        let Some(&index) = agent.sub_index.get(&(order.order_id.clone(), reference.seq)) else {
             continue;
         };
         let sub = &agent.subs[index];
@@ -162,12 +147,7 @@ impl Engine {
     pub fn document(&self) -> Document<'_> {
         Document {
             clock: self.clock(),
-            users: self
-                .agents
-                .agents
-                .iter()
-                .map(|(id, agent)| (id.as_str(), user_view(agent)))
-                .collect(),
+            users: self.agents.agents.iter().map(|(id, agent)| (id.as_str(), user_view(agent))).collect(),
             merchants: self
                 .merchants
                 .merchants

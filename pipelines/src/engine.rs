@@ -25,7 +25,8 @@ pub struct Engine {
     pub merchants: MerchantStage,
     /// The simulated provider, when this engine answers its own crawl requests (replay, demos).
     pub provider: Option<WalletSim>,
-    timers: BTreeMap<(Timestamp, u64), Timer>,
+    /// Due timers by (due, creation): boxed so B-tree node shifts move pointers, not timers.
+    timers: BTreeMap<(Timestamp, u64), Box<Timer>>,
     timers_created: u64,
     clock: Timestamp,
     seen_event_ids: HashSet<String>,
@@ -108,16 +109,12 @@ impl Engine {
             return;
         };
         self.clock = self.clock.max(due);
-        self.run(due, Work::Timer(timer));
+        self.run(due, Work::Timer(*timer));
     }
 
     /// Which stage an input belongs to (SPEC §5 table).
     fn route(&mut self, input: Input) -> Option<Message> {
-        let Input {
-            event_id,
-            at,
-            command,
-        } = input;
+        let Input { event_id, at, command } = input;
         let message = match &command {
             Command::Tick(_) => return None,
             Command::WalletLine(wallet) => {
@@ -162,18 +159,11 @@ impl Engine {
             Command::AdminCancelPayout(c) => order(&c.order_id),
         };
         Some(match message {
-            Route::Merchant(merchant_id) => Message::Merchant {
-                merchant_id,
-                body: MerchantBody::Input { event_id, command },
-            },
-            Route::Agent(user_id) => Message::Agent {
-                user_id,
-                body: AgentBody::Input { event_id, command },
-            },
-            Route::Order(order_id) => Message::Order {
-                order_id,
-                body: OrderBody::Input { event_id, command },
-            },
+            Route::Merchant(merchant_id) => {
+                Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
+            }
+            Route::Agent(user_id) => Message::Agent { user_id, body: AgentBody::Input { event_id, command } },
+            Route::Order(order_id) => Message::Order { order_id, body: OrderBody::Input { event_id, command } },
         })
     }
 
@@ -183,10 +173,7 @@ impl Engine {
         let mut processed = 0usize;
         while let Some(work) = queue.pop_front() {
             processed += 1;
-            assert!(
-                processed <= CASCADE_EVENTS_MAX,
-                "livelock: one input caused {CASCADE_EVENTS_MAX} events"
-            );
+            assert!(processed <= CASCADE_EVENTS_MAX, "livelock: one input caused {CASCADE_EVENTS_MAX} events");
             self.effects.now = now;
             match work {
                 Work::Message(message) => self.deliver(message),
@@ -197,7 +184,7 @@ impl Engine {
             queue.extend(self.effects.messages.drain(..).map(Work::Message));
             for (due, timer) in self.effects.timers.drain(..) {
                 self.timers_created += 1;
-                self.timers.insert((due, self.timers_created), timer);
+                self.timers.insert((due, self.timers_created), Box::new(timer));
             }
             self.feed_provider(first_new_output, now);
         }
@@ -208,9 +195,7 @@ impl Engine {
         match message {
             Message::Order { order_id, body } => self.orders.handle(&order_id, body, effects),
             Message::Agent { user_id, body } => self.agents.handle(&user_id, body, effects),
-            Message::Merchant { merchant_id, body } => {
-                self.merchants.handle(&merchant_id, body, effects)
-            }
+            Message::Merchant { merchant_id, body } => self.merchants.handle(&merchant_id, body, effects),
         }
     }
 
@@ -229,10 +214,7 @@ impl Engine {
                 if self.seen_event_ids.insert(event_id.clone()) {
                     queue.push_back(Work::Message(Message::Agent {
                         user_id: request.user_id.clone(),
-                        body: AgentBody::Input {
-                            event_id,
-                            command: Command::CrawlResult(result),
-                        },
+                        body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },
                     }));
                 }
             }
@@ -250,7 +232,7 @@ impl Engine {
                 let due = now.plus_seconds(self.config.crawl_latency_s);
                 self.timers.insert(
                     (due, self.timers_created),
-                    Timer::Provider(ProviderTimer::Answer(request.clone())),
+                    Box::new(Timer::Provider(ProviderTimer::Answer(request.clone()))),
                 );
             }
         }

@@ -129,7 +129,7 @@ input_structs! {
         #[serde(default)] expires_at: Option<Timestamp> }
     PayoutGrabbed { order_id: String, user_id: String, card_id: String }
     CrawlResult { request_id: String, user_id: String, card_id: String, ok: bool,
-        #[serde(default)] error: Option<CrawlError>, #[serde(default)] lines: Vec<StatementLine>,
+        #[serde(default)] error: Option<CrawlError>, #[serde(default)] lines: Vec<std::sync::Arc<StatementLine>>,
         #[serde(default)] next_from: Option<Timestamp> }
     CardReauthenticated { user_id: String, card_id: String }
     AdminApprove { order_id: String, operator: String, #[serde(default)] amount: Option<String> }
@@ -243,12 +243,8 @@ pub enum Parsed {
 }
 
 /// Parses one JSON line. `default_event_id` is used when the line has none (`line:N` in scenarios).
-pub fn parse_line(
-    text: &str,
-    default_event_id: impl FnOnce() -> String,
-) -> Result<Parsed, ParseError> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|error| ParseError::NotJson(error.to_string()))?;
+pub fn parse_line(text: &str, default_event_id: impl FnOnce() -> String) -> Result<Parsed, ParseError> {
+    let value: Value = serde_json::from_str(text).map_err(|error| ParseError::NotJson(error.to_string()))?;
     let Value::Object(mut object) = value else {
         return Err(ParseError::NotJson("not an object".to_string()));
     };
@@ -259,8 +255,8 @@ pub fn parse_line(
     };
     if type_name == "config" {
         object.remove("type");
-        let overrides = serde_json::from_value(Value::Object(object))
-            .map_err(|error| ParseError::Schema(error.to_string()))?;
+        let overrides =
+            serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
         return Ok(Parsed::Config(overrides));
     }
     parse_input_object(object, default_event_id).map(Parsed::Input)
@@ -284,13 +280,9 @@ pub fn parse_input_object(
     if object.get("type").and_then(Value::as_str) == Some("config") {
         return Err(ParseError::ConfigNotFirst);
     }
-    let command: Command = serde_json::from_value(Value::Object(object))
-        .map_err(|error| ParseError::Schema(error.to_string()))?;
-    Ok(Input {
-        event_id,
-        at,
-        command,
-    })
+    let command: Command =
+        serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
+    Ok(Input { event_id, at, command })
 }
 
 #[cfg(test)]
@@ -304,9 +296,7 @@ mod tests {
     #[test]
     fn parses_an_input_with_a_default_event_id() {
         let parsed = parse(r#"{"type":"tick","at":"2026-03-02T09:30:00Z"}"#).unwrap();
-        let Parsed::Input(input) = parsed else {
-            panic!("not an input")
-        };
+        let Parsed::Input(input) = parsed else { panic!("not an input") };
         assert_eq!(input.event_id, "line:1");
         assert_eq!(input.command, Command::Tick(Tick {}));
     }
@@ -321,9 +311,7 @@ mod tests {
             format!(r#"{{"type":"tick",{at},"extra":1}}"#),
             format!(r#"{{"type":"merchant_deposit",{at},"merchant_id":"m"}}"#),
             format!(r#"{{"type":"merchant_deposit",{at},"merchant_id":"m","amount":100}}"#),
-            format!(
-                r#"{{"type":"card_bound",{at},"user_id":"u","card_id":"c","provider":"gpay"}}"#
-            ),
+            format!(r#"{{"type":"card_bound",{at},"user_id":"u","card_id":"c","provider":"gpay"}}"#),
             r#"{"type":"tick","at":"not a time"}"#.to_string(),
         ] {
             assert!(parse(&bad).is_err(), "accepted {bad}");

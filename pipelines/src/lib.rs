@@ -19,6 +19,7 @@ pub mod replay;
 pub mod stages;
 pub mod time;
 pub mod wallet_sim;
+pub mod workload;
 
 pub use config::Config;
 pub use engine::Engine;

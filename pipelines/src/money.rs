@@ -32,14 +32,11 @@ impl Money {
         let trimmed = text.trim();
         if trimmed.is_empty()
             || trimmed != text
-            || !trimmed
-                .chars()
-                .all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+')
+            || !trimmed.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-' || c == '+')
         {
             return Err(MoneyError::NotADecimal(text.to_string()));
         }
-        let value = Decimal::from_str_exact(trimmed)
-            .map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
+        let value = Decimal::from_str_exact(trimmed).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
         if value.scale() > 2 {
             let normalized = value.normalize();
             if normalized.scale() > 2 {
@@ -82,17 +79,11 @@ impl Money {
     }
 
     pub fn checked_add(self, other: Money) -> Result<Money, MoneyError> {
-        self.0
-            .checked_add(other.0)
-            .map(Money::from_decimal)
-            .ok_or(MoneyError::Overflow)
+        self.0.checked_add(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
     }
 
     pub fn checked_sub(self, other: Money) -> Result<Money, MoneyError> {
-        self.0
-            .checked_sub(other.0)
-            .map(Money::from_decimal)
-            .ok_or(MoneyError::Overflow)
+        self.0.checked_sub(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
     }
 
     /// Addition of amounts the stages already validated (each ≤ the input maximum): an overflow is a
@@ -114,10 +105,7 @@ impl Money {
 
     /// `self × rate`, rounded half away from zero to 0.01 (SPEC §3 fees and rewards).
     pub fn times_rate(self, rate: Rate) -> Result<Money, MoneyError> {
-        self.0
-            .checked_mul(rate.0)
-            .map(Money::from_decimal)
-            .ok_or(MoneyError::Overflow)
+        self.0.checked_mul(rate.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
     }
 
     /// The largest multiple of 100 rupees not above `self` (R-DEBT-1); zero for negatives.
@@ -152,8 +140,14 @@ impl Money {
 }
 
 impl fmt::Display for Money {
+    /// Always two decimals (`"456.00"`); integer arithmetic, as this is on every output's path.
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{:.2}", self.0)
+        let mut value = self.0;
+        value.rescale(2);
+        let paise = value.mantissa();
+        let sign = if paise < 0 { "-" } else { "" };
+        let paise = paise.unsigned_abs();
+        write!(formatter, "{sign}{}.{:02}", paise / 100, paise % 100)
     }
 }
 
@@ -166,8 +160,7 @@ impl Serialize for Money {
 impl Rate {
     /// Parses a non-negative decimal rate such as `"0.025"`.
     pub fn parse(text: &str) -> Result<Rate, MoneyError> {
-        let value = Decimal::from_str_exact(text.trim())
-            .map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
+        let value = Decimal::from_str_exact(text.trim()).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
         if value < Decimal::ZERO || text.trim() != text {
             return Err(MoneyError::NotADecimal(text.to_string()));
         }
@@ -201,47 +194,32 @@ mod tests {
         assert_eq!(Money::parse("456.5").unwrap().to_string(), "456.50");
         assert_eq!(Money::parse("1.50").unwrap().to_string(), "1.50");
         assert_eq!(Money::parse("1.500").unwrap().to_string(), "1.50");
-        assert!(matches!(
-            Money::parse("1.005"),
-            Err(MoneyError::TooPrecise(_))
-        ));
-        assert!(matches!(
-            Money::parse("abc"),
-            Err(MoneyError::NotADecimal(_))
-        ));
-        assert!(matches!(
-            Money::parse("1e3"),
-            Err(MoneyError::NotADecimal(_))
-        ));
+        assert!(matches!(Money::parse("1.005"), Err(MoneyError::TooPrecise(_))));
+        assert!(matches!(Money::parse("abc"), Err(MoneyError::NotADecimal(_))));
+        assert!(matches!(Money::parse("1e3"), Err(MoneyError::NotADecimal(_))));
+    }
+
+    #[test]
+    fn displays_two_decimals_with_sign() {
+        for (text, shown) in
+            [("0", "0.00"), ("-0.05", "-0.05"), ("-544", "-544.00"), ("1234.5", "1234.50"), ("0.01", "0.01")]
+        {
+            assert_eq!(Money::parse(text).unwrap().to_string(), shown);
+        }
     }
 
     #[test]
     fn fees_round_half_away_from_zero() {
-        let fee = Money::parse("10.10")
-            .unwrap()
-            .times_rate(Rate::parse("0.025").unwrap())
-            .unwrap();
+        let fee = Money::parse("10.10").unwrap().times_rate(Rate::parse("0.025").unwrap()).unwrap();
         assert_eq!(fee.to_string(), "0.25"); // 0.2525 → 0.25
-        let fee = Money::parse("0.20")
-            .unwrap()
-            .times_rate(Rate::parse("0.025").unwrap())
-            .unwrap();
+        let fee = Money::parse("0.20").unwrap().times_rate(Rate::parse("0.025").unwrap()).unwrap();
         assert_eq!(fee.to_string(), "0.01"); // 0.005 → 0.01
     }
 
     #[test]
     fn floor_hundreds_follows_r_debt_1() {
-        assert_eq!(
-            Money::parse("456").unwrap().floor_hundreds().to_string(),
-            "400.00"
-        );
-        assert_eq!(
-            Money::parse("99.99").unwrap().floor_hundreds().to_string(),
-            "0.00"
-        );
-        assert_eq!(
-            Money::parse("516").unwrap().floor_hundreds().to_string(),
-            "500.00"
-        );
+        assert_eq!(Money::parse("456").unwrap().floor_hundreds().to_string(), "400.00");
+        assert_eq!(Money::parse("99.99").unwrap().floor_hundreds().to_string(), "0.00");
+        assert_eq!(Money::parse("516").unwrap().floor_hundreds().to_string(), "500.00");
     }
 }

@@ -138,9 +138,6 @@ pub struct Rejection {
 
 impl Rejection {
     pub fn new(reason: Reason, message: impl Into<String>) -> Rejection {
-        Rejection {
-            reason,
-            message: message.into(),
-        }
+        Rejection { reason, message: message.into() }
     }
 }

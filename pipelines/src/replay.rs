@@ -15,11 +15,7 @@ pub enum ScenarioError {
     #[error("line {line}: invalid config: {error}")]
     Config { line: usize, error: ConfigError },
     #[error("line {line}: `at` {at} is earlier than the line before ({previous})")]
-    TimeWentBack {
-        line: usize,
-        at: Timestamp,
-        previous: Timestamp,
-    },
+    TimeWentBack { line: usize, at: Timestamp, previous: Timestamp },
 }
 
 impl ScenarioError {
@@ -48,35 +44,24 @@ pub fn parse_scenario(text: &str) -> Result<Scenario, ScenarioError> {
         if raw.trim().is_empty() {
             continue;
         }
-        let parsed = parse_line(raw, || format!("line:{line}"))
-            .map_err(|error| ScenarioError::Parse { line, error })?;
+        let parsed =
+            parse_line(raw, || format!("line:{line}")).map_err(|error| ScenarioError::Parse { line, error })?;
         match parsed {
             Parsed::Config(overrides) => {
                 if !inputs.is_empty() || line != first_content_line(text) {
-                    return Err(ScenarioError::Parse {
-                        line,
-                        error: ParseError::ConfigNotFirst,
-                    });
+                    return Err(ScenarioError::Parse { line, error: ParseError::ConfigNotFirst });
                 }
                 if let Some(at) = overrides.at.as_deref() {
                     if Timestamp::parse(at).is_none() {
-                        return Err(ScenarioError::Parse {
-                            line,
-                            error: ParseError::BadTime(at.to_string()),
-                        });
+                        return Err(ScenarioError::Parse { line, error: ParseError::BadTime(at.to_string()) });
                     }
                 }
-                config = Config::from_overrides(overrides)
-                    .map_err(|error| ScenarioError::Config { line, error })?;
+                config = Config::from_overrides(overrides).map_err(|error| ScenarioError::Config { line, error })?;
             }
             Parsed::Input(input) => {
                 if let Some(previous) = previous_at {
                     if input.at < previous {
-                        return Err(ScenarioError::TimeWentBack {
-                            line,
-                            at: input.at,
-                            previous,
-                        });
+                        return Err(ScenarioError::TimeWentBack { line, at: input.at, previous });
                     }
                 }
                 previous_at = Some(input.at);
@@ -88,9 +73,7 @@ pub fn parse_scenario(text: &str) -> Result<Scenario, ScenarioError> {
 }
 
 fn first_content_line(text: &str) -> usize {
-    text.lines()
-        .position(|line| !line.trim().is_empty())
-        .map_or(1, |index| index + 1)
+    text.lines().position(|line| !line.trim().is_empty()).map_or(1, |index| index + 1)
 }
 
 /// Runs a parsed scenario to its end: every timer due at or before the last `at` has fired.
@@ -110,6 +93,5 @@ pub fn run(scenario: Scenario) -> Engine {
 pub fn replay_to_json(text: &str) -> Result<String, ScenarioError> {
     let engine = run(parse_scenario(text)?);
     let document = engine.document();
-    Ok(serde_json::to_string_pretty(&document)
-        .unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}")))
+    Ok(serde_json::to_string_pretty(&document).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}")))
 }

@@ -10,9 +10,7 @@ pub struct Timestamp(i64);
 
 impl Timestamp {
     pub fn parse(text: &str) -> Option<Timestamp> {
-        DateTime::parse_from_rfc3339(text)
-            .ok()
-            .map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
+        DateTime::parse_from_rfc3339(text).ok().map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
     }
 
     pub fn from_millis(millis: i64) -> Timestamp {
@@ -29,23 +27,63 @@ impl Timestamp {
     }
 }
 
+/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar (Howard Hinnant's
+/// `civil_from_days`): formatting is on every output's path, so it avoids chrono's general formatter.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let shifted = days + 719_468;
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match DateTime::<Utc>::from_timestamp_millis(self.0) {
-            Some(time) if self.0 % 1000 == 0 => {
-                write!(
-                    formatter,
-                    "{}",
-                    time.to_rfc3339_opts(SecondsFormat::Secs, true)
-                )
-            }
-            Some(time) => write!(
-                formatter,
-                "{}",
-                time.to_rfc3339_opts(SecondsFormat::Millis, true)
-            ),
-            None => write!(formatter, "invalid-time({})", self.0),
+        let millis = self.0.rem_euclid(1000);
+        let seconds = self.0.div_euclid(1000);
+        let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+        if !(0..=9999).contains(&year) {
+            return match DateTime::<Utc>::from_timestamp_millis(self.0) {
+                Some(time) => write!(formatter, "{}", time.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                None => write!(formatter, "invalid-time({})", self.0),
+            };
         }
+        let second_of_day = seconds.rem_euclid(86_400);
+        let (hour, minute, second) = (second_of_day / 3600, second_of_day / 60 % 60, second_of_day % 60);
+        let mut text = [0u8; 24];
+        let digits = |buffer: &mut [u8], value: i64| {
+            let mut value = value;
+            for slot in buffer.iter_mut().rev() {
+                *slot = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        };
+        digits(&mut text[0..4], year);
+        text[4] = b'-';
+        digits(&mut text[5..7], i64::from(month));
+        text[7] = b'-';
+        digits(&mut text[8..10], i64::from(day));
+        text[10] = b'T';
+        digits(&mut text[11..13], hour);
+        text[13] = b':';
+        digits(&mut text[14..16], minute);
+        text[16] = b':';
+        digits(&mut text[17..19], second);
+        let end = if millis == 0 {
+            text[19] = b'Z';
+            20
+        } else {
+            text[19] = b'.';
+            digits(&mut text[20..23], millis);
+            text[23] = b'Z';
+            24
+        };
+        formatter.write_str(std::str::from_utf8(&text[..end]).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -58,14 +96,23 @@ impl Serialize for Timestamp {
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        Timestamp::parse(&text)
-            .ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 time")))
+        Timestamp::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 time")))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_like_chrono_across_the_calendar() {
+        for millis in [0i64, 951_782_400_000, 1_709_251_199_999, 4_102_444_800_000, 1_772_443_800_123, -86_400_000] {
+            let ours = Timestamp(millis).to_string();
+            let time = DateTime::<Utc>::from_timestamp_millis(millis).unwrap();
+            let format = if millis % 1000 == 0 { SecondsFormat::Secs } else { SecondsFormat::Millis };
+            assert_eq!(ours, time.to_rfc3339_opts(format, true), "millis {millis}");
+        }
+    }
 
     #[test]
     fn round_trips_whole_and_sub_second_times() {

@@ -7,6 +7,7 @@ use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
@@ -20,7 +21,7 @@ pub enum ProviderTimer {
 #[derive(Clone, Debug, Default)]
 struct SimCard {
     /// Lines by (time, txn id), with the time they were added (`wallet_line.at`).
-    lines: BTreeMap<(Timestamp, String), (Timestamp, StatementLine)>,
+    lines: BTreeMap<(Timestamp, String), (Timestamp, Arc<StatementLine>)>,
     time_of: HashMap<String, Timestamp>,
     fault: Option<Fault>,
 }
@@ -34,11 +35,8 @@ pub struct WalletSim {
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    Page {
-        lines: Vec<StatementLine>,
-        next_from: Option<Timestamp>,
-    },
-    Detail(StatementLine),
+    Page { lines: Vec<Arc<StatementLine>>, next_from: Option<Timestamp> },
+    Detail(Arc<StatementLine>),
     Error(CrawlError),
 }
 
@@ -50,8 +48,7 @@ impl WalletSim {
             card.lines.remove(&(time, line.txn_id.clone()));
         }
         card.time_of.insert(line.txn_id.clone(), line.time);
-        card.lines
-            .insert((line.time, line.txn_id.clone()), (at, line));
+        card.lines.insert((line.time, line.txn_id.clone()), (at, Arc::new(line)));
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
             if let Some(((_, txn_id), _)) = card.lines.pop_first() {
                 card.time_of.remove(&txn_id);
@@ -68,14 +65,13 @@ impl WalletSim {
             return;
         };
         if let Some((_, line)) = card.lines.get_mut(&(*time, txn_id.to_string())) {
-            line.status = status;
+            Arc::make_mut(line).status = status;
         }
     }
 
     /// `wallet_fault`: lasts until the card's next fault event.
     pub fn set_fault(&mut self, card_id: &str, fault: Fault) {
-        self.cards.entry(card_id.to_string()).or_default().fault =
-            (fault != Fault::None).then_some(fault);
+        self.cards.entry(card_id.to_string()).or_default().fault = (fault != Fault::None).then_some(fault);
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
@@ -102,31 +98,20 @@ impl WalletSim {
             };
         }
         let limit = request.limit.unwrap_or(50) as usize;
-        let strip = |line: &StatementLine| StatementLine {
-            payee_ifsc: None,
-            ..line.clone()
+        // List answers do not show the payee's IFSC (only detail answers do, SPEC §5).
+        let strip = |line: &Arc<StatementLine>| match line.payee_ifsc {
+            Some(_) => Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(line) }),
+            None => Arc::clone(line),
         };
-        let lines: Vec<StatementLine> = match request.order {
+        let lines: Vec<Arc<StatementLine>> = match request.order {
             Some(PageOrder::Asc) => visible
                 .filter(|line| request.from.is_none_or(|from| line.time >= from))
                 .take(limit)
                 .map(strip)
                 .collect(),
-            _ => {
-                let mut latest: Vec<StatementLine> = visible
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .take(limit)
-                    .map(strip)
-                    .collect();
-                latest.shrink_to_fit();
-                latest
-            }
+            _ => visible.rev().take(limit).map(strip).collect(),
         };
-        let next_from = (lines.len() == limit)
-            .then(|| lines.last().map(|line| line.time))
-            .flatten();
+        let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
         Answer::Page { lines, next_from }
     }
 

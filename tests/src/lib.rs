@@ -27,12 +27,7 @@ pub fn subset_match(expected: &Value, actual: &Value, path: &str) -> Result<(), 
         }
         (Value::Array(want), Value::Array(have)) => {
             if want.len() != have.len() {
-                return Err(format!(
-                    "{path}: expected {} elements, got {}: {}",
-                    want.len(),
-                    have.len(),
-                    actual
-                ));
+                return Err(format!("{path}: expected {} elements, got {}: {}", want.len(), have.len(), actual));
             }
             for (index, (want_value, have_value)) in want.iter().zip(have).enumerate() {
                 subset_match(want_value, have_value, &format!("{path}[{index}]"))?;
@@ -49,37 +44,19 @@ pub fn check_expectation(expectation: &Value, document: &Value) -> Result<(), St
     if let Some(expect) = expectation.get("expect") {
         subset_match(expect, document, "$")?;
     }
-    let outputs = document
-        .get("outputs")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let outputs = document.get("outputs").and_then(Value::as_array).cloned().unwrap_or_default();
     if let Some(Value::Array(wanted)) = expectation.get("outputs") {
-        let types: Vec<&str> = wanted
-            .iter()
-            .filter_map(|item| item.get("type").and_then(Value::as_str))
-            .collect();
+        let types: Vec<&str> = wanted.iter().filter_map(|item| item.get("type").and_then(Value::as_str)).collect();
         let filtered: Vec<Value> = outputs
             .iter()
-            .filter(|output| {
-                output
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .is_some_and(|kind| types.contains(&kind))
-            })
+            .filter(|output| output.get("type").and_then(Value::as_str).is_some_and(|kind| types.contains(&kind)))
             .cloned()
             .collect();
-        subset_match(
-            &Value::Array(wanted.clone()),
-            &Value::Array(filtered),
-            "$.outputs",
-        )?;
+        subset_match(&Value::Array(wanted.clone()), &Value::Array(filtered), "$.outputs")?;
     }
     if let Some(Value::Array(absent)) = expectation.get("absent_output_types") {
         for kind in absent.iter().filter_map(Value::as_str) {
-            if let Some(found) = outputs
-                .iter()
-                .find(|output| output.get("type").and_then(Value::as_str) == Some(kind))
+            if let Some(found) = outputs.iter().find(|output| output.get("type").and_then(Value::as_str) == Some(kind))
             {
                 return Err(format!("output type {kind} must not appear, found {found}"));
             }

@@ -66,8 +66,7 @@ struct Fees {
 
 fn parse_fees(registered: &crate::input::MerchantRegistered) -> Result<Fees, Rejection> {
     let rate = |text: &str, field: &str| {
-        Rate::parse(text)
-            .map_err(|error| Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}")))
+        Rate::parse(text).map_err(|error| Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}")))
     };
     Ok(Fees {
         collection_fee_rate: rate(&registered.collection_fee_rate, "collection_fee_rate")?,
@@ -94,11 +93,7 @@ impl Merchant {
             available: before.available.checked_add(available_change)?,
             payout_reserve: before.payout_reserve.checked_add(reserve_change)?,
         };
-        assert!(
-            !after.payout_reserve.is_negative(),
-            "payout reserve went negative for {}",
-            self.merchant_id
-        );
+        assert!(!after.payout_reserve.is_negative(), "payout reserve went negative for {}", self.merchant_id);
         self.balances = after;
         self.journal.push(MerchantEntry {
             seq: self.journal.len() as u64 + 1,
@@ -130,27 +125,16 @@ impl MerchantStage {
                     OrderBody::CreationRefused {
                         event_id,
                         input_type: "collection_created",
-                        rejection: Rejection::new(
-                            Reason::UnknownMerchant,
-                            format!("no merchant {merchant_id}"),
-                        ),
+                        rejection: Rejection::new(Reason::UnknownMerchant, format!("no merchant {merchant_id}")),
                     }
                 };
                 effects.send(Message::Order { order_id, body });
                 Ok(())
             }
-            MerchantBody::ReservePayout {
-                order_id,
-                amount,
-                event_id,
-            } => {
+            MerchantBody::ReservePayout { order_id, amount, event_id } => {
                 let body = match self.reserve(merchant_id, &order_id, amount, effects.now) {
                     Ok(()) => OrderBody::CreationAccepted,
-                    Err(rejection) => OrderBody::CreationRefused {
-                        event_id,
-                        input_type: "payout_created",
-                        rejection,
-                    },
+                    Err(rejection) => OrderBody::CreationRefused { event_id, input_type: "payout_created", rejection },
                 };
                 effects.send(Message::Order { order_id, body });
                 Ok(())
@@ -158,15 +142,9 @@ impl MerchantStage {
             MerchantBody::CollectionCredit { order_id, actual } => {
                 self.credit(merchant_id, &order_id, actual, effects.now)
             }
-            MerchantBody::Clawback { order_id } => {
-                self.clawback(merchant_id, &order_id, effects.now)
-            }
-            MerchantBody::PayoutSpent { order_id } => {
-                self.settle_payout(merchant_id, &order_id, false, effects.now)
-            }
-            MerchantBody::PayoutRefund { order_id } => {
-                self.settle_payout(merchant_id, &order_id, true, effects.now)
-            }
+            MerchantBody::Clawback { order_id } => self.clawback(merchant_id, &order_id, effects.now),
+            MerchantBody::PayoutSpent { order_id } => self.settle_payout(merchant_id, &order_id, false, effects.now),
+            MerchantBody::PayoutRefund { order_id } => self.settle_payout(merchant_id, &order_id, true, effects.now),
         };
         // Internal movements come from accepted orders whose amounts were validated; an overflow here
         // is a broken invariant, not bad input.
@@ -175,32 +153,21 @@ impl MerchantStage {
         }
     }
 
-    fn on_input(
-        &mut self,
-        merchant_id: &str,
-        command: &Command,
-        at: Timestamp,
-    ) -> Result<(), Rejection> {
+    fn on_input(&mut self, merchant_id: &str, command: &Command, at: Timestamp) -> Result<(), Rejection> {
         match command {
             Command::MerchantRegistered(registered) => {
                 let fees = parse_fees(registered)?;
-                let merchant = self
-                    .merchants
-                    .entry(merchant_id.to_string())
-                    .or_insert_with(|| Merchant {
-                        merchant_id: merchant_id.to_string(),
-                        collection_fee_rate: Rate::zero(),
-                        payout_fee_rate: Rate::zero(),
-                        payout_fee_fixed: Money::ZERO,
-                        callback_url: None,
-                        balances: MerchantBalances {
-                            available: Money::ZERO,
-                            payout_reserve: Money::ZERO,
-                        },
-                        journal: Vec::new(),
-                        collection_net: HashMap::default(),
-                        payout_payable: HashMap::default(),
-                    });
+                let merchant = self.merchants.entry(merchant_id.to_string()).or_insert_with(|| Merchant {
+                    merchant_id: merchant_id.to_string(),
+                    collection_fee_rate: Rate::zero(),
+                    payout_fee_rate: Rate::zero(),
+                    payout_fee_fixed: Money::ZERO,
+                    callback_url: None,
+                    balances: MerchantBalances { available: Money::ZERO, payout_reserve: Money::ZERO },
+                    journal: Vec::new(),
+                    collection_net: HashMap::default(),
+                    payout_payable: HashMap::default(),
+                });
                 merchant.collection_fee_rate = fees.collection_fee_rate;
                 merchant.payout_fee_rate = fees.payout_fee_rate;
                 merchant.payout_fee_fixed = fees.payout_fee_fixed;
@@ -216,63 +183,36 @@ impl MerchantStage {
                     .post(MerchantEntryKind::Deposit, amount, Money::ZERO, None, at)
                     .map_err(|error| Rejection::new(Reason::InvalidAmount, error.to_string()))
             }
-            other => Err(Rejection::new(
-                Reason::InvalidTransition,
-                format!("{} is not a merchant input", other.type_name()),
-            )),
+            other => {
+                Err(Rejection::new(Reason::InvalidTransition, format!("{} is not a merchant input", other.type_name())))
+            }
         }
     }
 
     fn known(&mut self, merchant_id: &str) -> Result<&mut Merchant, Rejection> {
-        self.merchants.get_mut(merchant_id).ok_or_else(|| {
-            Rejection::new(
-                Reason::UnknownMerchant,
-                format!("no merchant {merchant_id}"),
-            )
-        })
+        self.merchants
+            .get_mut(merchant_id)
+            .ok_or_else(|| Rejection::new(Reason::UnknownMerchant, format!("no merchant {merchant_id}")))
     }
 
     /// R-MER-3.
-    fn reserve(
-        &mut self,
-        merchant_id: &str,
-        order_id: &str,
-        amount: Money,
-        at: Timestamp,
-    ) -> Result<(), Rejection> {
+    fn reserve(&mut self, merchant_id: &str, order_id: &str, amount: Money, at: Timestamp) -> Result<(), Rejection> {
         let merchant = self.known(merchant_id)?;
-        let overflow = |error: crate::money::MoneyError| {
-            Rejection::new(Reason::InvalidAmount, error.to_string())
-        };
+        let overflow = |error: crate::money::MoneyError| Rejection::new(Reason::InvalidAmount, error.to_string());
         let payable = amount
-            .checked_add(
-                amount
-                    .times_rate(merchant.payout_fee_rate)
-                    .map_err(overflow)?,
-            )
+            .checked_add(amount.times_rate(merchant.payout_fee_rate).map_err(overflow)?)
             .and_then(|total| total.checked_add(merchant.payout_fee_fixed))
             .map_err(overflow)?;
         if merchant.balances.available < payable {
             return Err(Rejection::new(
                 Reason::InsufficientMerchantBalance,
-                format!(
-                    "payable {payable} exceeds available {}",
-                    merchant.balances.available
-                ),
+                format!("payable {payable} exceeds available {}", merchant.balances.available),
             ));
         }
         merchant
-            .post(
-                MerchantEntryKind::PayoutReserve,
-                payable.negated(),
-                payable,
-                Some(order_id),
-                at,
-            )
+            .post(MerchantEntryKind::PayoutReserve, payable.negated(), payable, Some(order_id), at)
             .map_err(overflow)?;
-        merchant
-            .payout_payable
-            .insert(order_id.to_string(), payable);
+        merchant.payout_payable.insert(order_id.to_string(), payable);
         Ok(())
     }
 
@@ -290,35 +230,18 @@ impl MerchantStage {
         let fee = actual.times_rate(merchant.collection_fee_rate)?;
         let net = actual.checked_sub(fee)?;
         merchant.collection_net.insert(order_id.to_string(), net);
-        merchant.post(
-            MerchantEntryKind::CollectionCredit,
-            net,
-            Money::ZERO,
-            Some(order_id),
-            at,
-        )
+        merchant.post(MerchantEntryKind::CollectionCredit, net, Money::ZERO, Some(order_id), at)
     }
 
     /// R-ADMIN-3: takes back the net the collection credited.
-    fn clawback(
-        &mut self,
-        merchant_id: &str,
-        order_id: &str,
-        at: Timestamp,
-    ) -> Result<(), crate::money::MoneyError> {
+    fn clawback(&mut self, merchant_id: &str, order_id: &str, at: Timestamp) -> Result<(), crate::money::MoneyError> {
         let Some(merchant) = self.merchants.get_mut(merchant_id) else {
             return Ok(());
         };
         let Some(net) = merchant.collection_net.remove(order_id) else {
             return Ok(());
         };
-        merchant.post(
-            MerchantEntryKind::CollectionClawback,
-            net.negated(),
-            Money::ZERO,
-            Some(order_id),
-            at,
-        )
+        merchant.post(MerchantEntryKind::CollectionClawback, net.negated(), Money::ZERO, Some(order_id), at)
     }
 
     /// R-MER-4: spend or refund the reserved payable, once.
@@ -336,21 +259,9 @@ impl MerchantStage {
             return Ok(());
         };
         if refund {
-            merchant.post(
-                MerchantEntryKind::PayoutRefund,
-                payable,
-                payable.negated(),
-                Some(order_id),
-                at,
-            )
+            merchant.post(MerchantEntryKind::PayoutRefund, payable, payable.negated(), Some(order_id), at)
         } else {
-            merchant.post(
-                MerchantEntryKind::PayoutSpent,
-                Money::ZERO,
-                payable.negated(),
-                Some(order_id),
-                at,
-            )
+            merchant.post(MerchantEntryKind::PayoutSpent, Money::ZERO, payable.negated(), Some(order_id), at)
         }
     }
 }

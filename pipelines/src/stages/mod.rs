@@ -15,18 +15,9 @@ use crate::time::Timestamp;
 /// An event between stages (or from the log to a stage), routed by its key.
 #[derive(Clone, Debug)]
 pub enum Message {
-    Order {
-        order_id: String,
-        body: OrderBody,
-    },
-    Agent {
-        user_id: String,
-        body: AgentBody,
-    },
-    Merchant {
-        merchant_id: String,
-        body: MerchantBody,
-    },
+    Order { order_id: String, body: OrderBody },
+    Agent { user_id: String, body: AgentBody },
+    Merchant { merchant_id: String, body: MerchantBody },
 }
 
 /// What the order stage consumes.
@@ -37,17 +28,9 @@ pub enum OrderBody {
     /// The merchant stage accepted a new order (and reserved a payout's funds, R-MER-3).
     CreationAccepted,
     /// The merchant stage refused a new order.
-    CreationRefused {
-        event_id: String,
-        input_type: &'static str,
-        rejection: Rejection,
-    },
+    CreationRefused { event_id: String, input_type: &'static str, rejection: Rejection },
     /// The agent stage accepted a dispatch or grab (R-DSP-1, R-PAY-2).
-    DispatchAccepted {
-        seq: u32,
-        user_id: String,
-        card_id: String,
-    },
+    DispatchAccepted { seq: u32, user_id: String, card_id: String },
     /// The agent stage refused a dispatch or grab.
     DispatchRefused { user_id: String, reason: Reason },
     /// A sub-order reached an outcome that concerns the main order.
@@ -81,13 +64,7 @@ pub enum AgentBody {
     /// A dispatch (collection) or grab (payout) the order stage passed on (R-DSP-1, R-PAY-2).
     Dispatch(DispatchRequest),
     /// An order command routed to the live (or last) sub-order.
-    SubOrder {
-        order_id: String,
-        seq: u32,
-        event_id: String,
-        input_type: &'static str,
-        command: SubOrderCommand,
-    },
+    SubOrder { order_id: String, seq: u32, event_id: String, input_type: &'static str, command: SubOrderCommand },
 }
 
 #[derive(Clone, Debug)]
@@ -158,14 +135,8 @@ pub enum MerchantBody {
 /// A timer: state of the stage that set it, fired deterministically at its due time (SPEC §3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Timer {
-    Order {
-        order_id: String,
-        timer: order::OrderTimer,
-    },
-    Agent {
-        user_id: String,
-        timer: agent::AgentTimer,
-    },
+    Order { order_id: String, timer: order::OrderTimer },
+    Agent { user_id: String, timer: agent::AgentTimer },
     Provider(crate::wallet_sim::ProviderTimer),
 }
 
@@ -213,37 +184,23 @@ pub fn amount_max() -> Money {
 /// Parses a positive money amount or answers `invalid_amount` (R-IN-1).
 pub fn positive_amount(text: &str, field: &str) -> Result<Money, Rejection> {
     match Money::parse(text) {
-        Ok(amount) if amount > amount_max() => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}` exceeds {}", amount_max()),
-        )),
+        Ok(amount) if amount > amount_max() => {
+            Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` exceeds {}", amount_max())))
+        }
         Ok(amount) if amount.is_positive() => Ok(amount),
-        Ok(_) => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}` must be positive, got {text}"),
-        )),
-        Err(error) => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}`: {error}"),
-        )),
+        Ok(_) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` must be positive, got {text}"))),
+        Err(error) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}"))),
     }
 }
 
 /// Parses a non-negative money amount or answers `invalid_amount`.
 pub fn non_negative_amount(text: &str, field: &str) -> Result<Money, Rejection> {
     match Money::parse(text) {
-        Ok(amount) if amount > amount_max() => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}` exceeds {}", amount_max()),
-        )),
+        Ok(amount) if amount > amount_max() => {
+            Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` exceeds {}", amount_max())))
+        }
         Ok(amount) if !amount.is_negative() => Ok(amount),
-        Ok(_) => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}` must not be negative, got {text}"),
-        )),
-        Err(error) => Err(Rejection::new(
-            Reason::InvalidAmount,
-            format!("`{field}`: {error}"),
-        )),
+        Ok(_) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}` must not be negative, got {text}"))),
+        Err(error) => Err(Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}"))),
     }
 }

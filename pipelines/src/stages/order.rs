@@ -3,8 +3,8 @@
 //! commands to the agent of the live (or last) sub-order, and merchant movements and callbacks.
 
 use super::{
-    positive_amount, AgentBody, DispatchRequest, Effects, MerchantBody, Message, OrderBody,
-    SubOrderCommand, SubOutcome, Timer,
+    positive_amount, AgentBody, DispatchRequest, Effects, MerchantBody, Message, OrderBody, SubOrderCommand,
+    SubOutcome, Timer,
 };
 use crate::input::{Command, Party};
 use crate::money::Money;
@@ -64,59 +64,31 @@ pub struct OrderStage {
     pub orders: HashMap<String, MainOrder>,
 }
 
-fn refuse(
-    effects: &mut Effects,
-    event_id: &str,
-    command: &Command,
-    reason: Reason,
-    message: impl Into<String>,
-) {
-    effects.reject(
-        event_id,
-        command.type_name(),
-        Rejection::new(reason, message),
-    );
+fn refuse(effects: &mut Effects, event_id: &str, command: &Command, reason: Reason, message: impl Into<String>) {
+    effects.reject(event_id, command.type_name(), Rejection::new(reason, message));
 }
 
 impl OrderStage {
     pub fn handle(&mut self, order_id: &str, body: OrderBody, effects: &mut Effects) {
         match body {
-            OrderBody::Input { event_id, command } => {
-                self.on_input(order_id, &event_id, command, effects)
-            }
+            OrderBody::Input { event_id, command } => self.on_input(order_id, &event_id, command, effects),
             OrderBody::CreationAccepted => self.on_creation_accepted(order_id),
-            OrderBody::CreationRefused {
-                event_id,
-                input_type,
-                rejection,
-            } => {
+            OrderBody::CreationRefused { event_id, input_type, rejection } => {
                 self.orders.remove(order_id);
                 effects.reject(&event_id, input_type, rejection);
             }
-            OrderBody::DispatchAccepted {
-                seq,
-                user_id,
-                card_id,
-            } => {
+            OrderBody::DispatchAccepted { seq, user_id, card_id } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                     order.state = OrderState::InProgress;
-                    order.sub_orders.push(SubOrderRef {
-                        seq,
-                        user_id,
-                        card_id,
-                    });
+                    order.sub_orders.push(SubOrderRef { seq, user_id, card_id });
                 }
             }
             OrderBody::DispatchRefused { user_id, reason } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                 }
-                effects.emit(OutputBody::DispatchRejected {
-                    order_id: order_id.to_string(),
-                    user_id,
-                    reason,
-                });
+                effects.emit(OutputBody::DispatchRejected { order_id: order_id.to_string(), user_id, reason });
             }
             OrderBody::Outcome { seq, outcome } => self.on_outcome(order_id, seq, outcome, effects),
         }
@@ -139,20 +111,12 @@ impl OrderStage {
         }
     }
 
-    fn on_input(
-        &mut self,
-        order_id: &str,
-        event_id: &str,
-        command: Command,
-        effects: &mut Effects,
-    ) {
+    fn on_input(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) {
         match &command {
             Command::CollectionCreated(created) => {
                 let amount = match positive_amount(&created.amount, "amount") {
                     Ok(amount) => amount,
-                    Err(rejection) => {
-                        return effects.reject(event_id, command.type_name(), rejection)
-                    }
+                    Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
                 };
                 let utr = created.utr.clone().filter(|utr| !utr.is_empty());
                 self.create(
@@ -171,15 +135,10 @@ impl OrderStage {
             Command::PayoutCreated(created) => {
                 let amount = match positive_amount(&created.amount, "amount") {
                     Ok(amount) => amount,
-                    Err(rejection) => {
-                        return effects.reject(event_id, command.type_name(), rejection)
-                    }
+                    Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
                 };
                 let payee = &created.payee;
-                let has_last4 = payee
-                    .account_last4
-                    .as_deref()
-                    .is_some_and(|last4| !last4.is_empty());
+                let has_last4 = payee.account_last4.as_deref().is_some_and(|last4| !last4.is_empty());
                 let has_vpa = payee.vpa.as_deref().is_some_and(|vpa| !vpa.is_empty());
                 if !has_last4 && !has_vpa {
                     return refuse(
@@ -203,22 +162,12 @@ impl OrderStage {
                     effects,
                 );
             }
-            Command::CollectionDispatched(dispatch) => self.dispatch(
-                order_id,
-                event_id,
-                OrderKind::Collection,
-                &dispatch.user_id,
-                &dispatch.card_id,
-                effects,
-            ),
-            Command::PayoutGrabbed(grab) => self.dispatch(
-                order_id,
-                event_id,
-                OrderKind::Payout,
-                &grab.user_id,
-                &grab.card_id,
-                effects,
-            ),
+            Command::CollectionDispatched(dispatch) => {
+                self.dispatch(order_id, event_id, OrderKind::Collection, &dispatch.user_id, &dispatch.card_id, effects)
+            }
+            Command::PayoutGrabbed(grab) => {
+                self.dispatch(order_id, event_id, OrderKind::Payout, &grab.user_id, &grab.card_id, effects)
+            }
             _ => self.route(order_id, event_id, command, effects),
         }
     }
@@ -265,29 +214,17 @@ impl OrderStage {
             },
         );
         if let Some(expires_at) = expires_at {
-            effects.schedule(
-                expires_at,
-                Timer::Order {
-                    order_id: order_id.to_string(),
-                    timer: OrderTimer::Expiry,
-                },
-            );
+            effects.schedule(expires_at, Timer::Order { order_id: order_id.to_string(), timer: OrderTimer::Expiry });
         }
         let body = match kind {
-            OrderKind::Collection => MerchantBody::ValidateCollection {
-                order_id: order_id.to_string(),
-                event_id: event_id.to_string(),
-            },
-            OrderKind::Payout => MerchantBody::ReservePayout {
-                order_id: order_id.to_string(),
-                amount,
-                event_id: event_id.to_string(),
-            },
+            OrderKind::Collection => {
+                MerchantBody::ValidateCollection { order_id: order_id.to_string(), event_id: event_id.to_string() }
+            }
+            OrderKind::Payout => {
+                MerchantBody::ReservePayout { order_id: order_id.to_string(), amount, event_id: event_id.to_string() }
+            }
         };
-        effects.send(Message::Merchant {
-            merchant_id: merchant_id.to_string(),
-            body,
-        });
+        effects.send(Message::Merchant { merchant_id: merchant_id.to_string(), body });
     }
 
     /// R-DSP-1 / R-PAY-2: the order-level checks; the agent stage does the rest, in the rule's order.
@@ -312,10 +249,7 @@ impl OrderStage {
         };
         let order_problem = if order.state != OrderState::Pending || order.dispatch_in_flight {
             Some(Reason::OrderNotPending)
-        } else if order
-            .expires_at
-            .is_some_and(|expires_at| effects.now >= expires_at)
-        {
+        } else if order.expires_at.is_some_and(|expires_at| effects.now >= expires_at) {
             Some(Reason::OrderExpired)
         } else {
             None
@@ -334,33 +268,16 @@ impl OrderStage {
             payee: order.payee.clone(),
             // A collection's sub-orders inherit the order's UTR; a payout's come only from its own
             // payment_confirmed events (SPEC §4).
-            utr: if kind == OrderKind::Collection {
-                order.utr.clone()
-            } else {
-                None
-            },
+            utr: if kind == OrderKind::Collection { order.utr.clone() } else { None },
         };
         let _ = event_id;
-        effects.send(Message::Agent {
-            user_id: user_id.to_string(),
-            body: AgentBody::Dispatch(request),
-        });
+        effects.send(Message::Agent { user_id: user_id.to_string(), body: AgentBody::Dispatch(request) });
     }
 
     /// Order commands: handled here when the order alone decides, else routed to the sub-order's agent.
     fn route(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) {
-        let Some(order) = self
-            .orders
-            .get_mut(order_id)
-            .filter(|order| !order.creating)
-        else {
-            return refuse(
-                effects,
-                event_id,
-                &command,
-                Reason::UnknownOrder,
-                format!("no order {order_id}"),
-            );
+        let Some(order) = self.orders.get_mut(order_id).filter(|order| !order.creating) else {
+            return refuse(effects, event_id, &command, Reason::UnknownOrder, format!("no order {order_id}"));
         };
         let sub_command = match order_command(order, &command, effects.now) {
             Ok(Routing::Forward(sub_command)) => sub_command,
@@ -392,14 +309,8 @@ impl OrderStage {
         let Some(order) = self.orders.get_mut(order_id) else {
             return;
         };
-        debug_assert!(
-            order.sub_orders.iter().any(|sub| sub.seq == seq),
-            "outcome of an unknown sub-order"
-        );
-        let merchant = |body| Message::Merchant {
-            merchant_id: order.merchant_id.clone(),
-            body,
-        };
+        debug_assert!(order.sub_orders.iter().any(|sub| sub.seq == seq), "outcome of an unknown sub-order");
+        let merchant = |body| Message::Merchant { merchant_id: order.merchant_id.clone(), body };
         match outcome {
             SubOutcome::UtrAdded { utr } => {
                 order.utr.get_or_insert(utr);
@@ -408,10 +319,7 @@ impl OrderStage {
                 if order.utr.is_none() {
                     order.utr = utr;
                 }
-                effects.send(merchant(MerchantBody::CollectionCredit {
-                    order_id: order_id.to_string(),
-                    actual,
-                }));
+                effects.send(merchant(MerchantBody::CollectionCredit { order_id: order_id.to_string(), actual }));
                 order.state = OrderState::Success;
                 order.actual_amount = Some(actual);
                 callback(order, CallbackStatus::Success, Some(actual), effects);
@@ -422,16 +330,12 @@ impl OrderStage {
             }
             SubOutcome::CollectionCorrected => {
                 order.actual_amount = None;
-                effects.send(merchant(MerchantBody::Clawback {
-                    order_id: order_id.to_string(),
-                }));
+                effects.send(merchant(MerchantBody::Clawback { order_id: order_id.to_string() }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
             SubOutcome::PayoutSucceeded { paid_total } => {
-                effects.send(merchant(MerchantBody::PayoutSpent {
-                    order_id: order_id.to_string(),
-                }));
+                effects.send(merchant(MerchantBody::PayoutSpent { order_id: order_id.to_string() }));
                 order.state = OrderState::Success;
                 order.actual_amount = Some(paid_total);
                 callback(order, CallbackStatus::Success, Some(paid_total), effects);
@@ -439,17 +343,12 @@ impl OrderStage {
             SubOutcome::PayoutReturned => {
                 order.state = OrderState::Pending;
                 // R-EXP-1: a payout returning to pending after its expiry is cancelled.
-                if order
-                    .expires_at
-                    .is_some_and(|expires_at| effects.now >= expires_at)
-                {
+                if order.expires_at.is_some_and(|expires_at| effects.now >= expires_at) {
                     cancel_pending(order, effects);
                 }
             }
             SubOutcome::PayoutCancelled => {
-                effects.send(merchant(MerchantBody::PayoutRefund {
-                    order_id: order_id.to_string(),
-                }));
+                effects.send(merchant(MerchantBody::PayoutRefund { order_id: order_id.to_string() }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
@@ -476,34 +375,21 @@ fn invalid(order: &MainOrder, command: &Command) -> Rejection {
 }
 
 /// Decides what an order command means for this order (R-WAVE-2, R-CLOSE-3, R-POST-1, R-ADMIN-*).
-fn order_command(
-    order: &MainOrder,
-    command: &Command,
-    now: Timestamp,
-) -> Result<Routing, Rejection> {
+fn order_command(order: &MainOrder, command: &Command, now: Timestamp) -> Result<Routing, Rejection> {
     use OrderKind::{Collection, Payout};
     use OrderState::{Cancelled, InProgress, Pending, Success};
     let _ = now;
-    let no_live = || {
-        Rejection::new(
-            Reason::NoLiveSubOrder,
-            format!("order {} has no live sub-order", order.order_id),
-        )
-    };
+    let no_live = || Rejection::new(Reason::NoLiveSubOrder, format!("order {} has no live sub-order", order.order_id));
     match command {
         Command::PaymentConfirmed(confirmed) => match order.state {
-            InProgress if !order.dispatch_in_flight => {
-                Ok(Routing::Forward(SubOrderCommand::PaymentConfirmed {
-                    utr: confirmed.utr.clone().filter(|u| !u.is_empty()),
-                }))
-            }
+            InProgress if !order.dispatch_in_flight => Ok(Routing::Forward(SubOrderCommand::PaymentConfirmed {
+                utr: confirmed.utr.clone().filter(|u| !u.is_empty()),
+            })),
             _ => Err(no_live()),
         },
         Command::OrderCancelled(cancel) => match (order.kind, order.state) {
             (_, Pending) if !order.dispatch_in_flight => Ok(Routing::CancelPending),
-            (Collection, InProgress) => {
-                Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by }))
-            }
+            (Collection, InProgress) => Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by })),
             (Payout, InProgress) if cancel.by == crate::input::CancelledBy::User => {
                 Ok(Routing::Forward(SubOrderCommand::Cancel { by: cancel.by }))
             }
@@ -525,10 +411,7 @@ fn order_command(
             let amount = match (&approve.amount, order.kind) {
                 (None, _) => None,
                 (Some(_), Payout) => {
-                    return Err(Rejection::new(
-                        Reason::InvalidAmount,
-                        "`amount` applies only to collections",
-                    ))
+                    return Err(Rejection::new(Reason::InvalidAmount, "`amount` applies only to collections"))
                 }
                 (Some(text), Collection) => Some(positive_amount(text, "amount")?),
             };
@@ -566,20 +449,13 @@ fn cancel_pending(order: &mut MainOrder, effects: &mut Effects) {
     if order.kind == OrderKind::Payout {
         effects.send(Message::Merchant {
             merchant_id: order.merchant_id.clone(),
-            body: MerchantBody::PayoutRefund {
-                order_id: order.order_id.clone(),
-            },
+            body: MerchantBody::PayoutRefund { order_id: order.order_id.clone() },
         });
     }
     callback(order, CallbackStatus::Cancelled, None, effects);
 }
 
-fn callback(
-    order: &mut MainOrder,
-    status: CallbackStatus,
-    actual_amount: Option<Money>,
-    effects: &mut Effects,
-) {
+fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option<Money>, effects: &mut Effects) {
     order.callbacks_sent += 1;
     effects.emit(OutputBody::MerchantCallback {
         callback_id: format!("{}:{}", order.order_id, order.callbacks_sent),

@@ -4,10 +4,7 @@
 use super::state::*;
 use super::{AgentTimer, Context};
 use crate::input::{CrawlError, CrawlResult, LineStatus, Provider};
-use crate::output::{
-    CrawlMode, CrawlRequested, NotificationKind, OrderKind, OutputBody, PageOrder, Reason,
-    Rejection,
-};
+use crate::output::{CrawlMode, CrawlRequested, NotificationKind, OrderKind, OutputBody, PageOrder, Reason, Rejection};
 use crate::time::Timestamp;
 
 /// Lines per provider page (R-CHK-2).
@@ -17,25 +14,13 @@ impl Agent {
     pub(crate) fn on_timer(&mut self, timer: AgentTimer, context: &mut Context) {
         let now = context.effects.now;
         match timer {
-            AgentTimer::CollectionWave { sub } => {
-                self.sub_check_due(sub, PurposeKind::Wave, 0, context)
-            }
+            AgentTimer::CollectionWave { sub } => self.sub_check_due(sub, PurposeKind::Wave, 0, context),
             AgentTimer::Close { sub } => self.sub_check_due(sub, PurposeKind::Close, 0, context),
-            AgentTimer::ConfirmWave {
-                sub,
-                generation,
-                second,
-            } => {
-                let kind = if second {
-                    PurposeKind::ConfirmSecond
-                } else {
-                    PurposeKind::ConfirmFirst
-                };
+            AgentTimer::ConfirmWave { sub, generation, second } => {
+                let kind = if second { PurposeKind::ConfirmSecond } else { PurposeKind::ConfirmFirst };
                 self.sub_check_due(sub, kind, generation, context)
             }
-            AgentTimer::PayTimeout { sub } => {
-                self.sub_check_due(sub, PurposeKind::PayFinal, 0, context)
-            }
+            AgentTimer::PayTimeout { sub } => self.sub_check_due(sub, PurposeKind::PayFinal, 0, context),
             AgentTimer::UnderpaidTimeout { sub } => {
                 let record = &self.subs[sub];
                 if record.state.is_live() && record.flags.contains(&Flag::Underpaid) {
@@ -51,40 +36,23 @@ impl Agent {
             AgentTimer::BillPendingTimeout { sub } => {
                 let timeout = self.bill_pending_timeout_s(sub, context);
                 let record = &self.subs[sub];
-                let due = record
-                    .bill_pending_since
-                    .map(|since| since.plus_seconds(timeout));
+                let due = record.bill_pending_since.map(|since| since.plus_seconds(timeout));
                 if record.state.is_live()
                     && record.flags.contains(&Flag::BillPending)
                     && due.is_some_and(|due| due <= now)
                 {
-                    self.subs[sub].note(
-                        now,
-                        "R-PEND-2",
-                        "bill_pending_timeout",
-                        "line still processing".to_string(),
-                    );
+                    self.subs[sub].note(now, "R-PEND-2", "bill_pending_timeout", "line still processing".to_string());
                     self.payout_returned(sub, SubState::Rejected, "R-PEND-2", context);
                 }
             }
             AgentTimer::DetailRetry { sub } => self.detail_retry_due(sub, context),
-            AgentTimer::CrawlTimeout {
-                card_id,
-                request_id,
-            } => {
+            AgentTimer::CrawlTimeout { card_id, request_id } => {
                 let Some(card) = self.cards.get_mut(&card_id) else {
                     return;
                 };
                 if let Some(request) = card.requests.remove(&request_id) {
                     // R-CHK-1: no answer within crawl_timeout counts as upstream_busy.
-                    self.on_answer(
-                        &card_id,
-                        request,
-                        Some(CrawlError::UpstreamBusy),
-                        Vec::new(),
-                        None,
-                        context,
-                    );
+                    self.on_answer(&card_id, request, Some(CrawlError::UpstreamBusy), Page::empty(), None, context);
                 }
             }
             AgentTimer::CrawlRetry { card_id } => {
@@ -96,9 +64,7 @@ impl Agent {
                 self.ask_check(&card_id, purposes, context);
             }
             AgentTimer::Reservoir { card_id } => self.reservoir_due(&card_id, context),
-            AgentTimer::DebtSweep => {
-                self.on_sweep(context.config.debt_sweep_interval_s, context.effects)
-            }
+            AgentTimer::DebtSweep => self.on_sweep(context.config.debt_sweep_interval_s, context.effects),
         }
     }
 
@@ -110,8 +76,7 @@ impl Agent {
         match purpose.kind {
             PurposeKind::Wave | PurposeKind::Close => {
                 !record.found
-                    && (record.state == SubState::Paying
-                        || (reviewing && record.flags.contains(&Flag::Ambiguous)))
+                    && (record.state == SubState::Paying || (reviewing && record.flags.contains(&Flag::Ambiguous)))
             }
             PurposeKind::ConfirmFirst => {
                 purpose.generation == record.confirm_generation
@@ -132,18 +97,8 @@ impl Agent {
         }
     }
 
-    fn sub_check_due(
-        &mut self,
-        sub: usize,
-        kind: PurposeKind,
-        generation: u32,
-        context: &mut Context,
-    ) {
-        let purpose = Purpose {
-            sub: Some(sub),
-            kind,
-            generation,
-        };
+    fn sub_check_due(&mut self, sub: usize, kind: PurposeKind, generation: u32, context: &mut Context) {
+        let purpose = Purpose { sub: Some(sub), kind, generation };
         if self.purpose_needed(&purpose) {
             let card_id = self.subs[sub].card_id.clone();
             self.request_check(&card_id, purpose, context);
@@ -162,11 +117,7 @@ impl Agent {
         // A purpose falling due at the very instant a check was asked joins it: the check's window is the
         // same, so it counts for both (R-CHK-1). Later ones wait for the answer (coalesced).
         let now = context.effects.now;
-        if let Some(flight) = card
-            .check
-            .in_flight
-            .as_mut()
-            .filter(|flight| flight.asked_at == now && flight.pages == 1)
+        if let Some(flight) = card.check.in_flight.as_mut().filter(|flight| flight.asked_at == now && flight.pages == 1)
         {
             if !flight.purposes.contains(&purpose) {
                 flight.purposes.push(purpose);
@@ -203,31 +154,16 @@ impl Agent {
             return;
         };
         let from = (card.provider == Provider::Phonepe)
-            .then(|| {
-                card.live_subs
-                    .iter()
-                    .map(|sub| self.subs[*sub].created_at.plus_seconds(offset))
-                    .min()
-            })
+            .then(|| card.live_subs.iter().map(|sub| self.subs[*sub].created_at.plus_seconds(offset)).min())
             .flatten();
         let request_id = self.send_request(card_id, CrawlMode::OrderCheck, from, None, context);
         for purpose in &needed {
             if let Some(sub) = purpose.sub {
-                self.subs[sub].note(
-                    now,
-                    "R-CHK-1",
-                    "check_asked",
-                    format!("{request_id} for {:?}", purpose.kind),
-                );
+                self.subs[sub].note(now, "R-CHK-1", "check_asked", format!("{request_id} for {:?}", purpose.kind));
             }
         }
         if let Some(card) = self.cards.get_mut(card_id) {
-            card.check.in_flight = Some(CheckInFlight {
-                asked_at: now,
-                purposes: needed,
-                pages: 1,
-                lines: Vec::new(),
-            });
+            card.check.in_flight = Some(CheckInFlight { asked_at: now, purposes: needed, pages: 1, lines: Vec::new() });
         }
     }
 
@@ -248,78 +184,40 @@ impl Agent {
         let request_id = format!("{card_id}:{}", card.requests_made);
         let (order, limit) = match mode {
             CrawlMode::Detail => (None, None),
-            CrawlMode::OrderCheck if card.provider == Provider::Phonepe => {
-                (Some(PageOrder::Asc), Some(PAGE_LIMIT))
-            }
-            CrawlMode::OrderCheck | CrawlMode::Reservoir => {
-                (Some(PageOrder::Desc), Some(PAGE_LIMIT))
-            }
+            CrawlMode::OrderCheck if card.provider == Provider::Phonepe => (Some(PageOrder::Asc), Some(PAGE_LIMIT)),
+            CrawlMode::OrderCheck | CrawlMode::Reservoir => (Some(PageOrder::Desc), Some(PAGE_LIMIT)),
         };
         let kind = match (mode, txn_id.clone()) {
             (CrawlMode::OrderCheck, _) => RequestKind::OrderCheck,
             (CrawlMode::Reservoir, _) => RequestKind::Reservoir,
-            (CrawlMode::Detail, txn) => RequestKind::Detail {
-                txn_id: txn.unwrap_or_default(),
-                reason: DetailReason::Pending,
-            },
+            (CrawlMode::Detail, txn) => {
+                RequestKind::Detail { txn_id: txn.unwrap_or_default(), reason: DetailReason::Pending }
+            }
         };
-        card.requests.insert(
-            request_id.clone(),
-            Request {
-                kind,
-                asked_at: now,
-            },
-        );
-        context
-            .effects
-            .emit(OutputBody::CrawlRequested(CrawlRequested {
-                request_id: request_id.clone(),
-                user_id: self.user_id.clone(),
-                card_id: card_id.to_string(),
-                provider: card.provider,
-                mode,
-                order,
-                from: if order == Some(PageOrder::Asc) {
-                    from
-                } else {
-                    None
-                },
-                limit,
-                txn_id,
-            }));
-        let due = now.plus_seconds(context.config.crawl_timeout_s);
-        let timer = self.timer(AgentTimer::CrawlTimeout {
-            card_id: card_id.to_string(),
+        card.requests.insert(request_id.clone(), Request { kind, asked_at: now });
+        context.effects.emit(OutputBody::CrawlRequested(CrawlRequested {
             request_id: request_id.clone(),
-        });
+            user_id: self.user_id.clone(),
+            card_id: card_id.to_string(),
+            provider: card.provider,
+            mode,
+            order,
+            from: if order == Some(PageOrder::Asc) { from } else { None },
+            limit,
+            txn_id,
+        }));
+        let due = now.plus_seconds(context.config.crawl_timeout_s);
+        let timer =
+            self.timer(AgentTimer::CrawlTimeout { card_id: card_id.to_string(), request_id: request_id.clone() });
         context.effects.schedule(due, timer);
         request_id
     }
 
     /// Asks a detail fetch about one line (R-MATCH-P1, R-PEND-1).
-    pub(crate) fn ask_detail(
-        &mut self,
-        card_id: &str,
-        txn_id: &str,
-        reason: DetailReason,
-        context: &mut Context,
-    ) {
-        let request_id = self.send_request(
-            card_id,
-            CrawlMode::Detail,
-            None,
-            Some(txn_id.to_string()),
-            context,
-        );
-        if let Some(request) = self
-            .cards
-            .get_mut(card_id)
-            .and_then(|card| card.requests.get_mut(&request_id))
-        {
-            request.kind = RequestKind::Detail {
-                txn_id: txn_id.to_string(),
-                reason,
-            };
+    pub(crate) fn ask_detail(&mut self, card_id: &str, txn_id: &str, reason: DetailReason, context: &mut Context) {
+        let request_id = self.send_request(card_id, CrawlMode::Detail, None, Some(txn_id.to_string()), context);
+        if let Some(request) = self.cards.get_mut(card_id).and_then(|card| card.requests.get_mut(&request_id)) {
+            request.kind = RequestKind::Detail { txn_id: txn_id.to_string(), reason };
         }
     }
 
@@ -361,56 +259,29 @@ impl Agent {
         }
     }
 
-    pub(crate) fn on_crawl_result(
-        &mut self,
-        result: &CrawlResult,
-        context: &mut Context,
-    ) -> Result<(), Rejection> {
-        let Some(card) = self.cards.get_mut(&result.card_id) else {
-            return Err(Rejection::new(
-                Reason::UnknownCard,
-                format!("card {} is not the user's", result.card_id),
-            ));
+    pub(crate) fn on_crawl_result(&mut self, result: CrawlResult, context: &mut Context) -> Result<(), Rejection> {
+        let CrawlResult { request_id, card_id, ok, error, lines: raw_lines, next_from, .. } = result;
+        let Some(card) = self.cards.get_mut(&card_id) else {
+            return Err(Rejection::new(Reason::UnknownCard, format!("card {card_id} is not the user's")));
         };
-        if result.lines.len() > LINES_PER_RESULT_MAX {
-            return Err(Rejection::new(
-                Reason::InvalidTransition,
-                format!("more than {LINES_PER_RESULT_MAX} lines"),
-            ));
+        if raw_lines.len() > LINES_PER_RESULT_MAX {
+            return Err(Rejection::new(Reason::InvalidTransition, format!("more than {LINES_PER_RESULT_MAX} lines")));
         }
-        let mut lines = Vec::with_capacity(result.lines.len());
-        for line in &result.lines {
-            let parsed = Line::from_statement(line).map_err(|error| {
-                Rejection::new(
-                    Reason::InvalidAmount,
-                    format!("line {}: {error}", line.txn_id),
-                )
-            })?;
-            if parsed.amount.is_negative() {
-                return Err(Rejection::new(
-                    Reason::InvalidAmount,
-                    format!("line {} has a negative amount", line.txn_id),
-                ));
+        let mut amounts = Vec::with_capacity(raw_lines.len());
+        for line in &raw_lines {
+            match crate::money::Money::parse(&line.amount) {
+                Ok(amount) if !amount.is_negative() && amount <= crate::stages::amount_max() => amounts.push(amount),
+                _ => {
+                    let message = format!("line {}: `{}` is not a valid amount", line.txn_id, line.amount);
+                    return Err(Rejection::new(Reason::InvalidAmount, message));
+                }
             }
-            lines.push(parsed);
         }
         // R-CHK-1: answers with an unknown or already answered request id are ignored.
-        let Some(request) = card.requests.remove(&result.request_id) else {
-            return Ok(());
-        };
-        let error = if result.ok {
-            None
-        } else {
-            Some(result.error.unwrap_or(CrawlError::UpstreamBusy))
-        };
-        self.on_answer(
-            &result.card_id.clone(),
-            request,
-            error,
-            lines,
-            result.next_from,
-            context,
-        );
+        let Some(request) = card.requests.remove(&request_id) else { return Ok(()) };
+        let page = Page::new(&card.bill, raw_lines, amounts, &request.kind);
+        let error = if ok { None } else { Some(error.unwrap_or(CrawlError::UpstreamBusy)) };
+        self.on_answer(&card_id, request, error, page, next_from, context);
         Ok(())
     }
 
@@ -419,7 +290,7 @@ impl Agent {
         card_id: &str,
         request: Request,
         error: Option<CrawlError>,
-        lines: Vec<Line>,
+        page: Page,
         next_from: Option<Timestamp>,
         context: &mut Context,
     ) {
@@ -427,21 +298,15 @@ impl Agent {
             self.session_expired(card_id, context);
         }
         match request.kind {
-            RequestKind::OrderCheck => {
-                self.on_check_answer(card_id, error, lines, next_from, context)
-            }
+            RequestKind::OrderCheck => self.on_check_answer(card_id, error, page, next_from, context),
             RequestKind::Reservoir => {
                 if error.is_none() {
-                    self.on_reservoir_answer(card_id, request.asked_at, lines, context);
+                    self.on_reservoir_answer(card_id, request.asked_at, page, context);
                 }
                 // R-CHK-3 / SPEC §7: a busy reservoir sync is skipped until the next interval.
             }
             RequestKind::Detail { txn_id, reason } => {
-                let line = if error.is_none() {
-                    lines.into_iter().find(|line| line.txn_id == txn_id)
-                } else {
-                    None
-                };
+                let line = if error.is_none() { page.detail.filter(|line| line.txn_id == txn_id) } else { None };
                 self.on_detail_answer(card_id, &txn_id, reason, line, request.asked_at, context);
             }
         }
@@ -451,7 +316,7 @@ impl Agent {
         &mut self,
         card_id: &str,
         error: Option<CrawlError>,
-        lines: Vec<Line>,
+        page: Page,
         next_from: Option<Timestamp>,
         context: &mut Context,
     ) {
@@ -476,17 +341,15 @@ impl Agent {
                 card.check.waiting = purposes;
                 card.check.retry_scheduled = true;
                 let due = now.plus_seconds(context.config.crawl_retry_s);
-                let timer = self.timer(AgentTimer::CrawlRetry {
-                    card_id: card_id.to_string(),
-                });
+                let timer = self.timer(AgentTimer::CrawlRetry { card_id: card_id.to_string() });
                 context.effects.schedule(due, timer);
                 return;
             }
             None => {}
         }
-        let page_full = lines.len() as u32 >= PAGE_LIMIT;
-        let last_time = lines.last().map(|line| line.time);
-        flight.lines.extend(lines);
+        let page_full = page.count as u32 >= PAGE_LIMIT;
+        let last_time = page.last_time;
+        flight.lines.extend(page.lines);
         let upper = flight.asked_at.plus_seconds(context.config.window_slack_s);
         let more = card.provider == Provider::Phonepe
             && page_full
@@ -507,23 +370,14 @@ impl Agent {
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
-        if !card.check.waiting.is_empty()
-            && !card.check.retry_scheduled
-            && card.check.in_flight.is_none()
-        {
+        if !card.check.waiting.is_empty() && !card.check.retry_scheduled && card.check.in_flight.is_none() {
             let waiting = std::mem::take(&mut card.check.waiting);
             self.ask_check(card_id, waiting, context);
         }
     }
 
     /// Merge, count ERRORED lines, match, then resolve pending lines (R-CHK-1, R-ERR-1, R-PEND-1).
-    fn apply_statement(
-        &mut self,
-        card_id: &str,
-        lines: Vec<Line>,
-        check_time: Timestamp,
-        context: &mut Context,
-    ) {
+    fn apply_statement(&mut self, card_id: &str, lines: Vec<Line>, check_time: Timestamp, context: &mut Context) {
         let changed = self.merge(card_id, lines, context);
         self.count_errored(context);
         self.run_matching(card_id, check_time, None, context);
@@ -531,13 +385,7 @@ impl Agent {
     }
 
     /// What a successful check that found nothing means for each purpose it counted for.
-    fn after_check(
-        &mut self,
-        card_id: &str,
-        purpose: Purpose,
-        check_time: Timestamp,
-        context: &mut Context,
-    ) {
+    fn after_check(&mut self, card_id: &str, purpose: Purpose, check_time: Timestamp, context: &mut Context) {
         let now = context.effects.now;
         if purpose.kind == PurposeKind::Reauth {
             return self.apply_lapses(card_id, check_time, context);
@@ -547,27 +395,15 @@ impl Agent {
             return;
         }
         let record = &mut self.subs[sub];
-        record.note(
-            now,
-            "R-CHK-1",
-            "check_answered",
-            format!("{:?}: nothing found", purpose.kind),
-        );
+        record.note(now, "R-CHK-1", "check_answered", format!("{:?}: nothing found", purpose.kind));
         match purpose.kind {
             PurposeKind::Close if record.state == SubState::Paying => {
                 self.close_collection(sub, SubState::PaymentTimeout, context);
             }
             // A found (under-paid) sub-order is past the user-submission rule and follows its flag's rule.
-            PurposeKind::ConfirmSecond if !self.subs[sub].found => {
-                self.user_submission_missed(sub, context)
-            }
+            PurposeKind::ConfirmSecond if !self.subs[sub].found => self.user_submission_missed(sub, context),
             PurposeKind::PayFinal => {
-                self.subs[sub].note(
-                    now,
-                    "R-PAY-1",
-                    "pay_timeout",
-                    "final check found nothing".to_string(),
-                );
+                self.subs[sub].note(now, "R-PAY-1", "pay_timeout", "final check found nothing".to_string());
                 self.payout_returned(sub, SubState::PaymentTimeout, "R-PAY-1", context);
             }
             PurposeKind::Revival => {
@@ -588,34 +424,18 @@ impl Agent {
         let Some(card) = self.cards.get(card_id) else {
             return;
         };
-        let lapsed: Vec<usize> = card
-            .live_subs
-            .iter()
-            .copied()
-            .filter(|sub| !self.subs[*sub].lapses.is_empty())
-            .collect();
+        let lapsed: Vec<usize> =
+            card.live_subs.iter().copied().filter(|sub| !self.subs[*sub].lapses.is_empty()).collect();
         for sub in lapsed {
             let record = &mut self.subs[sub];
             let lapses = std::mem::take(&mut record.lapses);
-            if !record.state.is_live() || (record.found && !record.flags.contains(&Flag::Underpaid))
-            {
+            if !record.state.is_live() || (record.found && !record.flags.contains(&Flag::Underpaid)) {
                 continue;
             }
-            record.note(
-                context.effects.now,
-                "R-REAUTH-1",
-                "lapsed_rules",
-                format!("{lapses:?}"),
-            );
-            if lapses.contains(&Lapse::SecondWave)
-                && record.state == SubState::Reviewing
-                && !record.found
-            {
+            record.note(context.effects.now, "R-REAUTH-1", "lapsed_rules", format!("{lapses:?}"));
+            if lapses.contains(&Lapse::SecondWave) && record.state == SubState::Reviewing && !record.found {
                 self.user_submission_missed(sub, context);
-            } else if lapses.contains(&Lapse::Close)
-                && record.kind == OrderKind::Collection
-                && !record.found
-            {
+            } else if lapses.contains(&Lapse::Close) && record.kind == OrderKind::Collection && !record.found {
                 if record.revived_from.is_some() {
                     self.end_revival(sub, context);
                 } else {
@@ -643,18 +463,16 @@ impl Agent {
         let waiting = std::mem::take(&mut card.check.waiting);
         let live: Vec<usize> = card.live_subs.iter().copied().collect();
         if notify {
-            self.notify(NotificationKind::ReauthRequired,
-                format!("Your wallet session for card {card_id} expired: please sign in to the wallet again."), context);
+            self.notify(
+                NotificationKind::ReauthRequired,
+                format!("Your wallet session for card {card_id} expired: please sign in to the wallet again."),
+                context,
+            );
         }
         for sub in live {
             let record = &mut self.subs[sub];
             if record.state == SubState::Reviewing && record.flags.insert(Flag::AwaitReauth) {
-                record.note(
-                    now,
-                    "R-CHK-3",
-                    "await_reauth",
-                    format!("card {card_id} session expired"),
-                );
+                record.note(now, "R-CHK-3", "await_reauth", format!("card {card_id} session expired"));
             }
         }
         for purpose in waiting {
@@ -662,91 +480,49 @@ impl Agent {
         }
     }
 
-    pub(crate) fn on_reauthenticated(
-        &mut self,
-        card_id: &str,
-        context: &mut Context,
-    ) -> Result<(), Rejection> {
+    pub(crate) fn on_reauthenticated(&mut self, card_id: &str, context: &mut Context) -> Result<(), Rejection> {
         let now = context.effects.now;
         let Some(card) = self.cards.get_mut(card_id) else {
-            return Err(Rejection::new(
-                Reason::UnknownCard,
-                format!("card {card_id} is not the user's"),
-            ));
+            return Err(Rejection::new(Reason::UnknownCard, format!("card {card_id} is not the user's")));
         };
         card.auth = CardAuth::Authenticated;
         card.reauth_notified = false;
         let live: Vec<usize> = card.live_subs.iter().copied().collect();
         for sub in live {
             if self.subs[sub].flags.remove(&Flag::AwaitReauth) {
-                self.subs[sub].note(
-                    now,
-                    "R-REAUTH-1",
-                    "reauthenticated",
-                    "await_reauth cleared".to_string(),
-                );
+                self.subs[sub].note(now, "R-REAUTH-1", "reauthenticated", "await_reauth cleared".to_string());
             }
         }
-        self.request_check(
-            card_id,
-            Purpose {
-                sub: None,
-                kind: PurposeKind::Reauth,
-                generation: 0,
-            },
-            context,
-        );
+        self.request_check(card_id, Purpose { sub: None, kind: PurposeKind::Reauth, generation: 0 }, context);
         Ok(())
     }
 
     /// R-PEND-1: a reservoir sync every interval, skipped while unauthenticated.
     fn reservoir_due(&mut self, card_id: &str, context: &mut Context) {
-        let due = context
-            .effects
-            .now
-            .plus_seconds(context.config.reservoir_interval_s);
-        let timer = self.timer(AgentTimer::Reservoir {
-            card_id: card_id.to_string(),
-        });
+        let due = context.effects.now.plus_seconds(context.config.reservoir_interval_s);
+        let timer = self.timer(AgentTimer::Reservoir { card_id: card_id.to_string() });
         context.effects.schedule(due, timer);
         let Some(card) = self.cards.get(card_id) else {
             return;
         };
-        let outstanding = card
-            .requests
-            .values()
-            .any(|request| request.kind == RequestKind::Reservoir);
+        let outstanding = card.requests.values().any(|request| request.kind == RequestKind::Reservoir);
         if card.auth == CardAuth::Authenticated && !outstanding {
             self.send_request(card_id, CrawlMode::Reservoir, None, None, context);
         }
     }
 
-    fn on_reservoir_answer(
-        &mut self,
-        card_id: &str,
-        asked_at: Timestamp,
-        lines: Vec<Line>,
-        context: &mut Context,
-    ) {
-        let page: rustc_hash::FxHashSet<String> =
-            lines.iter().map(|line| line.txn_id.clone()).collect();
+    fn on_reservoir_answer(&mut self, card_id: &str, asked_at: Timestamp, page: Page, context: &mut Context) {
+        let Page { lines, txn_ids, .. } = page;
+        let page: rustc_hash::FxHashSet<String> = txn_ids.into_iter().collect();
         self.apply_statement(card_id, lines, asked_at, context);
         // Matched lines still processing that the latest-50 page does not contain: one detail each.
         let Some(card) = self.cards.get(card_id) else {
             return;
         };
         let mut lookups = Vec::new();
-        for sub in card
-            .live_subs
-            .iter()
-            .copied()
-            .filter(|sub| self.subs[*sub].flags.contains(&Flag::BillPending))
-        {
+        for sub in card.live_subs.iter().copied().filter(|sub| self.subs[*sub].flags.contains(&Flag::BillPending)) {
             for txn_id in &self.subs[sub].matched_txn_ids {
-                let processing = card
-                    .bill
-                    .get(txn_id)
-                    .is_some_and(|line| line.line.status == LineStatus::Processing);
+                let processing = card.bill.get(txn_id).is_some_and(|line| line.line.status == LineStatus::Processing);
                 if processing && !page.contains(txn_id) {
                     lookups.push(txn_id.clone());
                 }
@@ -773,9 +549,7 @@ impl Agent {
                     self.resolve_changed_lines(card_id, changed, context);
                 }
             }
-            DetailReason::Ifsc { sub } => {
-                self.on_ifsc_detail(card_id, sub, txn_id, line, asked_at, context)
-            }
+            DetailReason::Ifsc { sub } => self.on_ifsc_detail(card_id, sub, txn_id, line, asked_at, context),
         }
     }
 
@@ -798,20 +572,13 @@ impl Agent {
         };
         let line_ifsc = line.payee_ifsc.clone();
         let changed = self.merge(card_id, vec![line], context);
-        let payee_ifsc = self.subs[sub]
-            .payee
-            .as_ref()
-            .and_then(|payee| payee.ifsc.clone());
+        let payee_ifsc = self.subs[sub].payee.as_ref().and_then(|payee| payee.ifsc.clone());
         let equal = match (payee_ifsc, line_ifsc) {
             (Some(payee), Some(line)) => payee.eq_ignore_ascii_case(&line),
             _ => false,
         };
-        let used_by_sub = self
-            .cards
-            .get(card_id)
-            .and_then(|card| card.bill.get(txn_id))
-            .and_then(|line| line.used_by)
-            == Some(sub);
+        let used_by_sub =
+            self.cards.get(card_id).and_then(|card| card.bill.get(txn_id)).and_then(|line| line.used_by) == Some(sub);
         let record = &mut self.subs[sub];
         record.flags.remove(&Flag::IfscUnverified);
         if equal {
@@ -824,20 +591,11 @@ impl Agent {
             }
         } else {
             record.ifsc_mismatch.insert(txn_id.to_string());
-            record.note(
-                now,
-                "R-MATCH-P1",
-                "ifsc_mismatch",
-                format!("txn {txn_id}: not this payee"),
-            );
+            record.note(now, "R-MATCH-P1", "ifsc_mismatch", format!("txn {txn_id}: not this payee"));
             if used_by_sub {
                 record.matched_txn_ids.retain(|txn| txn != txn_id);
                 record.found = !record.matched_txn_ids.is_empty();
-                if let Some(line) = self
-                    .cards
-                    .get_mut(card_id)
-                    .and_then(|card| card.bill.get_mut(txn_id))
-                {
+                if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(txn_id)) {
                     line.used_by = None;
                 }
             }
@@ -866,17 +624,10 @@ impl Agent {
         let record = &mut self.subs[sub];
         record.found = true;
         record.flags.insert(Flag::IfscUnverified);
-        record.note(
-            now,
-            "R-MATCH-P1",
-            "ifsc_unverified",
-            format!("txn {txn_id}: detail unavailable"),
-        );
+        record.note(now, "R-MATCH-P1", "ifsc_unverified", format!("txn {txn_id}: detail unavailable"));
         self.set_state(sub, SubState::Reviewing);
         let due = now.plus_seconds(context.config.detail_retry_s);
-        context
-            .effects
-            .schedule(due, self.timer(AgentTimer::DetailRetry { sub }));
+        context.effects.schedule(due, self.timer(AgentTimer::DetailRetry { sub }));
     }
 
     fn detail_retry_due(&mut self, sub: usize, context: &mut Context) {
@@ -885,34 +636,19 @@ impl Agent {
             return;
         }
         let card_id = record.card_id.clone();
-        let unverified = record
-            .matched_txn_ids
-            .iter()
-            .rev()
-            .find(|txn| !record.ifsc_verified.contains(*txn))
-            .cloned();
+        let unverified = record.matched_txn_ids.iter().rev().find(|txn| !record.ifsc_verified.contains(*txn)).cloned();
         let Some(txn_id) = unverified else { return };
         if self.card_authenticated(&card_id) {
             self.ask_detail(&card_id, &txn_id, DetailReason::Ifsc { sub }, context);
         } else {
-            let due = context
-                .effects
-                .now
-                .plus_seconds(context.config.detail_retry_s);
-            context
-                .effects
-                .schedule(due, self.timer(AgentTimer::DetailRetry { sub }));
+            let due = context.effects.now.plus_seconds(context.config.detail_retry_s);
+            context.effects.schedule(due, self.timer(AgentTimer::DetailRetry { sub }));
         }
     }
 
     /// Bill-table lookup first, then a live check unless the history is exhausted (R-POST-1, R-HIS-2,
     /// R-HIS-3).
-    pub(crate) fn look_then_check(
-        &mut self,
-        sub: usize,
-        purpose: PurposeKind,
-        context: &mut Context,
-    ) {
+    pub(crate) fn look_then_check(&mut self, sub: usize, purpose: PurposeKind, context: &mut Context) {
         let now = context.effects.now;
         let card_id = self.subs[sub].card_id.clone();
         self.run_matching(&card_id, now, Some(sub), context);
@@ -921,22 +657,68 @@ impl Agent {
             return;
         }
         if purpose == PurposeKind::Revival && record.flags.contains(&Flag::HisExhausted) {
-            record.note(
-                now,
-                "R-HIS-2",
-                "bill_table_miss",
-                "history exhausted: no live check".to_string(),
-            );
+            record.note(now, "R-HIS-2", "bill_table_miss", "history exhausted: no live check".to_string());
             return self.end_revival(sub, context);
         }
-        self.request_check(
-            &card_id,
-            Purpose {
-                sub: Some(sub),
-                kind: purpose,
-                generation: 0,
-            },
-            context,
-        );
+        self.request_check(&card_id, Purpose { sub: Some(sub), kind: purpose, generation: 0 }, context);
+    }
+}
+
+/// One provider answer, reduced to what the bill table needs: lines it does not know yet or whose
+/// status (or UTR, or IFSC) is new. A provider page repeats the same latest lines at every check, so this
+/// keeps a check's cost proportional to what changed.
+pub(crate) struct Page {
+    /// New or changed lines, in the provider's order.
+    pub lines: Vec<Line>,
+    /// Lines the provider returned (R-CHK-2 paging decides on the full page).
+    pub count: usize,
+    /// Time of the provider's last line (R-CHK-2).
+    pub last_time: Option<Timestamp>,
+    /// Every txn id of the page, for reservoir syncs (R-PEND-1 detail lookups).
+    pub txn_ids: Vec<String>,
+    /// The line of a detail answer.
+    pub detail: Option<Line>,
+}
+
+impl Page {
+    fn empty() -> Page {
+        Page { lines: Vec::new(), count: 0, last_time: None, txn_ids: Vec::new(), detail: None }
+    }
+
+    fn new(
+        bill: &BillTable,
+        raw: Vec<std::sync::Arc<crate::input::StatementLine>>,
+        amounts: Vec<crate::money::Money>,
+        kind: &RequestKind,
+    ) -> Page {
+        let owned = |line: std::sync::Arc<crate::input::StatementLine>| {
+            std::sync::Arc::try_unwrap(line).unwrap_or_else(|shared| crate::input::StatementLine::clone(&shared))
+        };
+        let count = raw.len();
+        let last_time = raw.last().map(|line| line.time);
+        if matches!(kind, RequestKind::Detail { .. }) {
+            let detail =
+                raw.into_iter().zip(amounts).next().map(|(line, amount)| Line::from_statement(owned(line), amount));
+            return Page { detail, count, last_time, ..Page::empty() };
+        }
+        let txn_ids = match kind {
+            RequestKind::Reservoir => raw.iter().map(|line| line.txn_id.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let detail = None;
+        let lines = raw
+            .into_iter()
+            .zip(amounts)
+            .filter(|(line, _)| match bill.get(&line.txn_id) {
+                Some(known) => {
+                    known.line.status != line.status
+                        || (known.line.utr.is_none() && line.utr.as_deref().is_some_and(|utr| !utr.is_empty()))
+                        || line.payee_ifsc.is_some()
+                }
+                None => true,
+            })
+            .map(|(line, amount)| Line::from_statement(owned(line), amount))
+            .collect();
+        Page { lines, count, last_time, txn_ids, detail }
     }
 }

@@ -8,12 +8,7 @@ use crate::output::{NotificationKind, OutputBody};
 impl Agent {
     /// Merges fetched lines into the card's bill table; status updates of known lines overwrite.
     /// Returns the txn ids of matched lines whose status changed.
-    pub(crate) fn merge(
-        &mut self,
-        card_id: &str,
-        lines: Vec<Line>,
-        context: &mut Context,
-    ) -> Vec<String> {
+    pub(crate) fn merge(&mut self, card_id: &str, lines: Vec<Line>, context: &mut Context) -> Vec<String> {
         let _ = context;
         let Some(card) = self.cards.get_mut(card_id) else {
             return Vec::new();
@@ -23,12 +18,10 @@ impl Agent {
             let errored_key = |time, txn: &str| (time, card_id.to_string(), txn.to_string());
             if let Some(existing) = card.bill.get_mut(&line.txn_id) {
                 if existing.line.status != line.status {
-                    self.errored
-                        .remove(&errored_key(existing.line.time, &line.txn_id));
+                    self.errored.remove(&errored_key(existing.line.time, &line.txn_id));
                     existing.line.status = line.status;
                     if line.status == LineStatus::Errored {
-                        self.errored
-                            .insert(errored_key(existing.line.time, &line.txn_id));
+                        self.errored.insert(errored_key(existing.line.time, &line.txn_id));
                     }
                     if existing.used_by.is_some() {
                         changed.push(line.txn_id.clone());
@@ -45,48 +38,21 @@ impl Agent {
             if line.status == LineStatus::Errored {
                 self.errored.insert(errored_key(line.time, &line.txn_id));
             }
-            card.bill.time_of.insert(line.txn_id.clone(), line.time);
-            card.bill.lines.insert(
-                (line.time, line.txn_id.clone()),
-                BillLine {
-                    line,
-                    used_by: None,
-                    reserved_by: None,
-                },
-            );
+            card.bill.insert(line);
         }
         // Bound the table: evict the oldest lines no sub-order uses or waits on.
-        while card.bill.lines.len() > BILL_LINES_PER_CARD_MAX {
-            let Some(key) = card
-                .bill
-                .lines
-                .iter()
-                .find(|(_, line)| line.used_by.is_none() && line.reserved_by.is_none())
-                .map(|(key, _)| key.clone())
-            else {
-                break;
-            };
-            card.bill.lines.remove(&key);
-            card.bill.time_of.remove(&key.1);
-            self.errored.remove(&(key.0, card_id.to_string(), key.1));
+        while card.bill.len() > BILL_LINES_PER_CARD_MAX {
+            let Some((time, txn_id)) = card.bill.evict_oldest_unused() else { break };
+            self.errored.remove(&(time, card_id.to_string(), txn_id));
         }
         changed
     }
 
     /// Matched lines whose status changed: a `bill_pending` payout resolves (R-PEND-1); a final
     /// sub-order only records it for an operator (R-AUDIT-1).
-    pub(crate) fn resolve_changed_lines(
-        &mut self,
-        card_id: &str,
-        changed: Vec<String>,
-        context: &mut Context,
-    ) {
+    pub(crate) fn resolve_changed_lines(&mut self, card_id: &str, changed: Vec<String>, context: &mut Context) {
         for txn_id in changed {
-            let Some(line) = self
-                .cards
-                .get(card_id)
-                .and_then(|card| card.bill.get(&txn_id))
-            else {
+            let Some(line) = self.cards.get(card_id).and_then(|card| card.bill.get(&txn_id)) else {
                 continue;
             };
             let Some(sub) = line.used_by else { continue };
@@ -137,13 +103,7 @@ impl Agent {
         }
     }
 
-    fn ban(
-        &mut self,
-        count: usize,
-        start: crate::time::Timestamp,
-        end: crate::time::Timestamp,
-        context: &mut Context,
-    ) {
+    fn ban(&mut self, count: usize, start: crate::time::Timestamp, end: crate::time::Timestamp, context: &mut Context) {
         self.status = AgentStatus::Banned;
         self.status_history.push(StatusChange {
             at: context.effects.now,
@@ -152,9 +112,7 @@ impl Agent {
             operator: "system".to_string(),
             reason: format!("errored_flood count={count} window=[{start},{end})"),
         });
-        context.effects.emit(OutputBody::SessionRevoked {
-            user_id: self.user_id.clone(),
-        });
+        context.effects.emit(OutputBody::SessionRevoked { user_id: self.user_id.clone() });
         self.notify(
             NotificationKind::Banned,
             format!(

@@ -38,33 +38,15 @@ impl Agent {
 
     /// R-BAL-1: `available` never goes below zero; cached totals match the holds.
     pub fn assert_balances(&self) {
-        assert!(
-            !self.available.is_negative(),
-            "R-BAL-1: available of {} is negative",
-            self.user_id
-        );
-        assert!(
-            !self.frozen.is_negative() && !self.deferred.is_negative(),
-            "negative hold totals"
-        );
+        assert!(!self.available.is_negative(), "R-BAL-1: available of {} is negative", self.user_id);
+        assert!(!self.frozen.is_negative() && !self.deferred.is_negative(), "negative hold totals");
     }
 
     /// Credits `available` (recharge, commission, adjustment, buy, income, correction refund).
-    pub fn credit(
-        &mut self,
-        kind: EntryKind,
-        amount: Money,
-        order_id: Option<&str>,
-        at: Timestamp,
-    ) {
+    pub fn credit(&mut self, kind: EntryKind, amount: Money, order_id: Option<&str>, at: Timestamp) {
         let new_available = self.available.plus(amount);
-        assert!(
-            !new_available.is_negative(),
-            "R-BAL-1: a debit larger than available was not refused"
-        );
-        self.journaled(kind, amount, order_id, at, |agent| {
-            agent.available = new_available
-        });
+        assert!(!new_available.is_negative(), "R-BAL-1: a debit larger than available was not refused");
+        self.journaled(kind, amount, order_id, at, |agent| agent.available = new_available);
     }
 
     /// R-DSP-1: freezes a new hold; no journal entry (R-DSP-2).
@@ -97,11 +79,7 @@ impl Agent {
     /// Settlement (R-DEBT-2) follows, as after every credit.
     pub fn release(&mut self, id: u32, effects: &mut Effects) {
         let hold = self.hold(id).clone();
-        assert_eq!(
-            hold.state,
-            HoldState::Frozen,
-            "only a frozen hold is released"
-        );
+        assert_eq!(hold.state, HoldState::Frozen, "only a frozen hold is released");
         self.frozen = self.frozen.minus(hold.amount);
         self.available = self.available.plus(hold.amount);
         self.hold_mut(id).state = HoldState::Released;
@@ -112,63 +90,32 @@ impl Agent {
     /// A normal collection success: `sell −amount`, frozen falls, available unchanged (R-JRN-1).
     pub fn consume(&mut self, id: u32, at: Timestamp) {
         let hold = self.hold(id).clone();
-        assert_eq!(
-            hold.state,
-            HoldState::Frozen,
-            "only a frozen hold is consumed"
-        );
+        assert_eq!(hold.state, HoldState::Frozen, "only a frozen hold is consumed");
         let order_id = hold.order_id.clone();
-        self.journaled(
-            EntryKind::Sell,
-            hold.amount.negated(),
-            Some(&order_id),
-            at,
-            |agent| {
-                agent.frozen = agent.frozen.minus(hold.amount);
-                agent.hold_mut(id).state = HoldState::Consumed;
-            },
-        );
+        self.journaled(EntryKind::Sell, hold.amount.negated(), Some(&order_id), at, |agent| {
+            agent.frozen = agent.frozen.minus(hold.amount);
+            agent.hold_mut(id).state = HoldState::Consumed;
+        });
     }
 
     /// R-DEBT-1 / R-POST-2: the first batch of a supplement success on a released hold.
     pub fn debit_released(&mut self, id: u32, sweep_interval_s: i64, effects: &mut Effects) {
         let hold = self.hold(id).clone();
-        assert_eq!(
-            hold.state,
-            HoldState::Released,
-            "R-POST-2 debits a released hold"
-        );
+        assert_eq!(hold.state, HoldState::Released, "R-POST-2 debits a released hold");
         let due = hold.amount;
-        let take = if self.available >= due {
-            due
-        } else {
-            self.available.floor_hundreds()
-        };
+        let take = if self.available >= due { due } else { self.available.floor_hundreds() };
         let remaining = due.minus(take);
         let was_deferring = !self.deferred.is_zero();
-        self.journaled(
-            EntryKind::Sell,
-            take.negated(),
-            Some(&hold.order_id),
-            effects.now,
-            |agent| {
-                agent.available = agent.available.minus(take);
-                agent.deferred = agent.deferred.plus(remaining);
-                let hold = agent.hold_mut(id);
-                hold.remaining = remaining;
-                hold.state = if remaining.is_zero() {
-                    HoldState::ConsumedAfterRelease
-                } else {
-                    HoldState::Deferred
-                };
-                if take.is_positive() {
-                    hold.debt_batches.push(DebtBatch {
-                        at: effects.now,
-                        amount: take,
-                    });
-                }
-            },
-        );
+        self.journaled(EntryKind::Sell, take.negated(), Some(&hold.order_id), effects.now, |agent| {
+            agent.available = agent.available.minus(take);
+            agent.deferred = agent.deferred.plus(remaining);
+            let hold = agent.hold_mut(id);
+            hold.remaining = remaining;
+            hold.state = if remaining.is_zero() { HoldState::ConsumedAfterRelease } else { HoldState::Deferred };
+            if take.is_positive() {
+                hold.debt_batches.push(DebtBatch { at: effects.now, amount: take });
+            }
+        });
         if !was_deferring && !self.deferred.is_zero() {
             self.schedule_sweep(sweep_interval_s, effects);
         }
@@ -180,41 +127,24 @@ impl Agent {
         if self.deferred.is_zero() {
             return;
         }
-        let deferred_ids: Vec<u32> = self
-            .holds
-            .iter()
-            .filter(|hold| hold.state == HoldState::Deferred)
-            .map(|hold| hold.id)
-            .collect();
+        let deferred_ids: Vec<u32> =
+            self.holds.iter().filter(|hold| hold.state == HoldState::Deferred).map(|hold| hold.id).collect();
         for id in deferred_ids {
             let hold = self.hold(id).clone();
-            let take = if self.available >= hold.remaining {
-                hold.remaining
-            } else {
-                self.available.floor_hundreds()
-            };
+            let take = if self.available >= hold.remaining { hold.remaining } else { self.available.floor_hundreds() };
             if take.is_zero() {
                 break;
             }
-            self.journaled(
-                EntryKind::Sell,
-                take.negated(),
-                Some(&hold.order_id),
-                effects.now,
-                |agent| {
-                    agent.available = agent.available.minus(take);
-                    agent.deferred = agent.deferred.minus(take);
-                    let hold = agent.hold_mut(id);
-                    hold.remaining = hold.remaining.minus(take);
-                    hold.debt_batches.push(DebtBatch {
-                        at: effects.now,
-                        amount: take,
-                    });
-                    if hold.remaining.is_zero() {
-                        hold.state = HoldState::ConsumedAfterRelease;
-                    }
-                },
-            );
+            self.journaled(EntryKind::Sell, take.negated(), Some(&hold.order_id), effects.now, |agent| {
+                agent.available = agent.available.minus(take);
+                agent.deferred = agent.deferred.minus(take);
+                let hold = agent.hold_mut(id);
+                hold.remaining = hold.remaining.minus(take);
+                hold.debt_batches.push(DebtBatch { at: effects.now, amount: take });
+                if hold.remaining.is_zero() {
+                    hold.state = HoldState::ConsumedAfterRelease;
+                }
+            });
         }
     }
 
@@ -225,13 +155,7 @@ impl Agent {
         }
         self.sweep_scheduled = true;
         let due = effects.now.plus_seconds(interval_s);
-        effects.schedule(
-            due,
-            Timer::Agent {
-                user_id: self.user_id.clone(),
-                timer: AgentTimer::DebtSweep,
-            },
-        );
+        effects.schedule(due, Timer::Agent { user_id: self.user_id.clone(), timer: AgentTimer::DebtSweep });
     }
 
     pub fn on_sweep(&mut self, interval_s: i64, effects: &mut Effects) {
@@ -252,19 +176,13 @@ impl Agent {
                 unreachable!("R-ADMIN-3 applies only to a successful collection's hold")
             }
         };
-        self.journaled(
-            EntryKind::CorrectionRefund,
-            taken,
-            Some(&hold.order_id),
-            effects.now,
-            |agent| {
-                agent.available = agent.available.plus(taken);
-                agent.deferred = agent.deferred.minus(hold.remaining);
-                let hold = agent.hold_mut(id);
-                hold.remaining = Money::ZERO;
-                hold.state = HoldState::Released;
-            },
-        );
+        self.journaled(EntryKind::CorrectionRefund, taken, Some(&hold.order_id), effects.now, |agent| {
+            agent.available = agent.available.plus(taken);
+            agent.deferred = agent.deferred.minus(hold.remaining);
+            let hold = agent.hold_mut(id);
+            hold.remaining = Money::ZERO;
+            hold.state = HoldState::Released;
+        });
         self.settle(effects);
         taken
     }

@@ -12,9 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// R-WIN-1 / R-WIN-2: the window of a sub-order for a check asked at `check_time`.
 fn window(record: &SubOrder, check_time: Timestamp, context: &Context) -> (Timestamp, Timestamp) {
-    let lower = record
-        .created_at
-        .plus_seconds(context.config.window_start_offset_s);
+    let lower = record.created_at.plus_seconds(context.config.window_start_offset_s);
     let anchor = record.closed_at.unwrap_or(check_time);
     (lower, anchor.plus_seconds(context.config.window_slack_s))
 }
@@ -36,15 +34,8 @@ pub fn payee_matches(payee: &Party, counterparty: &Party) -> bool {
 }
 
 /// Lines of `bill` inside `[lower, upper]`, oldest first (time, then txn id).
-fn in_window(
-    bill: &BillTable,
-    lower: Timestamp,
-    upper: Timestamp,
-) -> impl Iterator<Item = &BillLine> {
-    bill.lines
-        .range((lower, String::new())..)
-        .take_while(move |((time, _), _)| *time <= upper)
-        .map(|(_, line)| line)
+fn in_window(bill: &BillTable, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
+    bill.window(lower, upper)
 }
 
 fn free(line: &BillLine) -> bool {
@@ -52,24 +43,10 @@ fn free(line: &BillLine) -> bool {
 }
 
 enum Decision {
-    Collection {
-        sub: usize,
-        txn_id: String,
-        rule: &'static str,
-        record_utr: Option<String>,
-    },
-    Payout {
-        sub: usize,
-        txn_ids: Vec<String>,
-    },
-    Ambiguous {
-        sub: usize,
-        lines: usize,
-    },
-    Detail {
-        sub: usize,
-        txn_id: String,
-    },
+    Collection { sub: usize, txn_id: String, rule: &'static str, record_utr: Option<String> },
+    Payout { sub: usize, txn_ids: Vec<String> },
+    Ambiguous { sub: usize, lines: usize },
+    Detail { sub: usize, txn_id: String },
 }
 
 impl Agent {
@@ -109,27 +86,13 @@ impl Agent {
                 .and_then(|utr| utr_owner.get(utr))
                 .is_some_and(|owners| owners.iter().any(|owner| *owner != sub))
         };
-        let collections: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|sub| self.subs[*sub].kind == OrderKind::Collection)
-            .collect();
-        let payouts: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|sub| self.subs[*sub].kind == OrderKind::Payout)
-            .collect();
+        let collections: Vec<usize> =
+            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
+        let payouts: Vec<usize> =
+            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Payout).collect();
         for pass in [Pass::C1, Pass::C2, Pass::C3, Pass::P1, Pass::P2] {
-            let subs = if matches!(pass, Pass::P1 | Pass::P2) {
-                &payouts
-            } else {
-                &collections
-            };
-            let subs: Vec<usize> = subs
-                .iter()
-                .copied()
-                .filter(|sub| self.subs[*sub].open_for_matching())
-                .collect();
+            let subs = if matches!(pass, Pass::P1 | Pass::P2) { &payouts } else { &collections };
+            let subs: Vec<usize> = subs.iter().copied().filter(|sub| self.subs[*sub].open_for_matching()).collect();
             if subs.is_empty() {
                 continue;
             }
@@ -150,13 +113,7 @@ impl Agent {
     }
 
     /// R-MATCH-C1: an `in` line with the sub-order's UTR inside the window.
-    fn pass_c1(
-        &self,
-        card: &Card,
-        subs: &[usize],
-        check_time: Timestamp,
-        context: &Context,
-    ) -> Vec<Decision> {
+    fn pass_c1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
         let mut taken = BTreeSet::new();
         let mut decisions = Vec::new();
         for &sub in subs {
@@ -170,11 +127,7 @@ impl Agent {
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::In
                     && line.line.status == LineStatus::Success
-                    && line
-                        .line
-                        .utr
-                        .as_ref()
-                        .is_some_and(|utr| record.utrs.contains(utr))
+                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
             });
             if let Some(line) = hit {
                 taken.insert(line.line.txn_id.clone());
@@ -271,8 +224,7 @@ impl Agent {
         let mut decisions = Vec::new();
         for (_, group) in groups {
             let k = group.len();
-            let union: BTreeSet<&String> =
-                group.iter().flat_map(|(_, lines)| lines.iter()).collect();
+            let union: BTreeSet<&String> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
             let n = union.len();
             if n >= k {
                 let mut taken: BTreeSet<String> = BTreeSet::new();
@@ -288,23 +240,14 @@ impl Agent {
                     }
                 }
             } else {
-                decisions.extend(group.iter().map(|(sub, _)| Decision::Ambiguous {
-                    sub: *sub,
-                    lines: n,
-                }));
+                decisions.extend(group.iter().map(|(sub, _)| Decision::Ambiguous { sub: *sub, lines: n }));
             }
         }
         decisions
     }
 
     /// R-MATCH-P1: `out` lines with one of the payout's UTRs and its payee (IFSC verified on mobikwik).
-    fn pass_p1(
-        &self,
-        card: &Card,
-        subs: &[usize],
-        check_time: Timestamp,
-        context: &Context,
-    ) -> Vec<Decision> {
+    fn pass_p1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
         let mut taken = BTreeSet::new();
         let mut decisions = Vec::new();
         for &sub in subs {
@@ -323,15 +266,8 @@ impl Agent {
                 let candidate = free(line)
                     && !taken.contains(txn_id)
                     && line.line.direction == Direction::Out
-                    && matches!(
-                        line.line.status,
-                        LineStatus::Success | LineStatus::Processing
-                    )
-                    && line
-                        .line
-                        .utr
-                        .as_ref()
-                        .is_some_and(|utr| record.utrs.contains(utr))
+                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
+                    && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
                     && payee_matches(payee, &line.line.counterparty)
                     && !record.ifsc_mismatch.contains(txn_id);
                 if !candidate {
@@ -339,10 +275,7 @@ impl Agent {
                 }
                 taken.insert(txn_id.clone());
                 if needs_ifsc && !record.ifsc_verified.contains(txn_id) {
-                    decisions.push(Decision::Detail {
-                        sub,
-                        txn_id: txn_id.clone(),
-                    });
+                    decisions.push(Decision::Detail { sub, txn_id: txn_id.clone() });
                     break;
                 }
                 txn_ids.push(txn_id.clone());
@@ -379,20 +312,14 @@ impl Agent {
                 free(line)
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::Out
-                    && matches!(
-                        line.line.status,
-                        LineStatus::Success | LineStatus::Processing
-                    )
+                    && matches!(line.line.status, LineStatus::Success | LineStatus::Processing)
                     && line.line.amount.within(record.amount, tolerance)
                     && payee_matches(payee, &line.line.counterparty)
                     && !owned_by_other(line, sub)
             });
             if let Some(line) = hit {
                 taken.insert(line.line.txn_id.clone());
-                decisions.push(Decision::Payout {
-                    sub,
-                    txn_ids: vec![line.line.txn_id.clone()],
-                });
+                decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()] });
             }
         }
         decisions
@@ -400,10 +327,7 @@ impl Agent {
 
     fn take_line(&mut self, card_id: &str, sub: usize, txn_id: &str) -> Option<Line> {
         let line = self.cards.get_mut(card_id)?.bill.get_mut(txn_id)?;
-        debug_assert!(
-            line.used_by.is_none(),
-            "R-WIN-3: a line is matched at most once"
-        );
+        debug_assert!(line.used_by.is_none(), "R-WIN-3: a line is matched at most once");
         line.used_by = Some(sub);
         let record = &mut self.subs[sub];
         record.matched_txn_ids.push(txn_id.to_string());
@@ -412,51 +336,26 @@ impl Agent {
         Some(line.line.clone())
     }
 
-    fn apply_decision(
-        &mut self,
-        card_id: &str,
-        decision: Decision,
-        check_time: Timestamp,
-        context: &mut Context,
-    ) {
+    fn apply_decision(&mut self, card_id: &str, decision: Decision, check_time: Timestamp, context: &mut Context) {
         let now = context.effects.now;
         match decision {
-            Decision::Collection {
-                sub,
-                txn_id,
-                rule,
-                record_utr,
-            } => {
+            Decision::Collection { sub, txn_id, rule, record_utr } => {
                 let Some(line) = self.take_line(card_id, sub, &txn_id) else {
                     return;
                 };
                 if let Some(utr) = record_utr.clone() {
                     // R-MATCH-C2: the order's UTR is recorded on the line.
-                    if let Some(bill_line) = self
-                        .cards
-                        .get_mut(card_id)
-                        .and_then(|card| card.bill.get_mut(&txn_id))
-                    {
+                    if let Some(bill_line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
                         bill_line.line.utr = Some(utr);
                     }
                 }
                 let record = &mut self.subs[sub];
                 let (lower, upper) = window(record, check_time, context);
-                let evidence = format!(
-                    "txn {txn_id} amount {} time {} window [{lower}, {upper}]",
-                    line.amount, line.time
-                );
-                if rule == "R-MATCH-C1"
-                    && !line
-                        .amount
-                        .within(record.amount, context.config.amount_tolerance)
-                {
+                let evidence =
+                    format!("txn {txn_id} amount {} time {} window [{lower}, {upper}]", line.amount, line.time);
+                if rule == "R-MATCH-C1" && !line.amount.within(record.amount, context.config.amount_tolerance) {
                     record.flags.insert(Flag::AmountMismatch);
-                    record.paid_total = if line.status == LineStatus::Success {
-                        line.amount
-                    } else {
-                        Money::ZERO
-                    };
+                    record.paid_total = if line.status == LineStatus::Success { line.amount } else { Money::ZERO };
                     record.note(
                         now,
                         "R-MATCH-C1",
@@ -467,21 +366,13 @@ impl Agent {
                     return;
                 }
                 record.paid_total = line.amount;
-                let utr_backfill = if rule == "R-MATCH-C3" {
-                    line.utr.clone()
-                } else {
-                    None
-                };
+                let utr_backfill = if rule == "R-MATCH-C3" { line.utr.clone() } else { None };
                 if rule == "R-MATCH-C3" && record.utrs.is_empty() {
                     if let Some(utr) = &line.utr {
                         record.utrs.push(utr.clone());
                     }
                 }
-                let record_match = MatchRecord {
-                    rule,
-                    txn_ids: vec![txn_id],
-                    explanation: evidence,
-                };
+                let record_match = MatchRecord { rule, txn_ids: vec![txn_id], explanation: evidence };
                 self.collection_success(sub, line.amount, record_match, utr_backfill, context);
             }
             Decision::Payout { sub, txn_ids } => {
@@ -510,20 +401,11 @@ impl Agent {
                 self.set_state(sub, SubState::Reviewing);
             }
             Decision::Detail { sub, txn_id } => {
-                if let Some(line) = self
-                    .cards
-                    .get_mut(card_id)
-                    .and_then(|card| card.bill.get_mut(&txn_id))
-                {
+                if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
                     line.reserved_by = Some(sub);
                 }
                 self.subs[sub].awaiting_detail = Some(txn_id.clone());
-                self.subs[sub].note(
-                    now,
-                    "R-MATCH-P1",
-                    "ifsc_detail_asked",
-                    format!("txn {txn_id} reserved (R-WIN-3)"),
-                );
+                self.subs[sub].note(now, "R-MATCH-P1", "ifsc_detail_asked", format!("txn {txn_id} reserved (R-WIN-3)"));
                 self.ask_detail(card_id, &txn_id, DetailReason::Ifsc { sub }, context);
             }
         }

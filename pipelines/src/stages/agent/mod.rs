@@ -18,8 +18,8 @@ pub mod state;
 
 use self::state::*;
 use super::{
-    non_negative_amount, positive_amount, AgentBody, DispatchRequest, Effects, Message, OrderBody,
-    SubOrderCommand, SubOutcome, Timer,
+    non_negative_amount, positive_amount, AgentBody, DispatchRequest, Effects, Message, OrderBody, SubOrderCommand,
+    SubOutcome, Timer,
 };
 use crate::config::Config;
 use crate::input::{Command, Provider};
@@ -36,11 +36,7 @@ pub enum AgentTimer {
     /// R-WAVE-1 close check.
     Close { sub: usize },
     /// R-WAVE-2 waves of one confirmation.
-    ConfirmWave {
-        sub: usize,
-        generation: u32,
-        second: bool,
-    },
+    ConfirmWave { sub: usize, generation: u32, second: bool },
     /// R-PAY-1 final check.
     PayTimeout { sub: usize },
     /// R-MATCH-P4.
@@ -76,55 +72,33 @@ pub(crate) struct Context<'a> {
 
 impl AgentStage {
     pub fn new(config: Config) -> AgentStage {
-        AgentStage {
-            config,
-            agents: HashMap::default(),
-            card_owner: HashMap::default(),
-        }
+        AgentStage { config, agents: HashMap::default(), card_owner: HashMap::default() }
     }
 
     pub fn handle(&mut self, user_id: &str, body: AgentBody, effects: &mut Effects) {
         match body {
             AgentBody::Input { event_id, command } => {
-                if let Err(rejection) = self.on_input(user_id, &command, effects) {
-                    effects.reject(&event_id, command.type_name(), rejection);
+                let input_type = command.type_name();
+                if let Err(rejection) = self.on_input(user_id, command, effects) {
+                    effects.reject(&event_id, input_type, rejection);
                 }
             }
             AgentBody::Dispatch(request) => {
                 let order_id = request.order_id.clone();
                 let body = match self.dispatch(user_id, request, effects) {
-                    Ok((seq, card_id)) => OrderBody::DispatchAccepted {
-                        seq,
-                        user_id: user_id.to_string(),
-                        card_id,
-                    },
-                    Err(reason) => OrderBody::DispatchRefused {
-                        user_id: user_id.to_string(),
-                        reason,
-                    },
+                    Ok((seq, card_id)) => OrderBody::DispatchAccepted { seq, user_id: user_id.to_string(), card_id },
+                    Err(reason) => OrderBody::DispatchRefused { user_id: user_id.to_string(), reason },
                 };
                 effects.send(Message::Order { order_id, body });
             }
-            AgentBody::SubOrder {
-                order_id,
-                seq,
-                event_id,
-                input_type,
-                command,
-            } => {
-                let mut context = Context {
-                    config: &self.config,
-                    effects,
-                };
+            AgentBody::SubOrder { order_id, seq, event_id, input_type, command } => {
+                let mut context = Context { config: &self.config, effects };
                 let result = match self.agents.get_mut(user_id) {
                     Some(agent) => match agent.sub_index.get(&(order_id.clone(), seq)).copied() {
                         Some(sub) => agent.on_sub_order_command(sub, command, &mut context),
                         None => Err(Rejection::new(Reason::NoLiveSubOrder, "no such sub-order")),
                     },
-                    None => Err(Rejection::new(
-                        Reason::UnknownUser,
-                        format!("no user {user_id}"),
-                    )),
+                    None => Err(Rejection::new(Reason::UnknownUser, format!("no user {user_id}"))),
                 };
                 if let Err(rejection) = result {
                     effects.reject(&event_id, input_type, rejection);
@@ -137,20 +111,12 @@ impl AgentStage {
         let Some(agent) = self.agents.get_mut(user_id) else {
             return;
         };
-        let mut context = Context {
-            config: &self.config,
-            effects,
-        };
+        let mut context = Context { config: &self.config, effects };
         agent.on_timer(timer, &mut context);
     }
 
-    fn on_input(
-        &mut self,
-        user_id: &str,
-        command: &Command,
-        effects: &mut Effects,
-    ) -> Result<(), Rejection> {
-        if let Command::UserRegistered(registered) = command {
+    fn on_input(&mut self, user_id: &str, command: Command, effects: &mut Effects) -> Result<(), Rejection> {
+        if let Command::UserRegistered(registered) = &command {
             // Re-registering only updates `telegram_bound` (SPEC §7 edge decisions).
             self.agents
                 .entry(user_id.to_string())
@@ -159,15 +125,9 @@ impl AgentStage {
             return Ok(());
         }
         let Some(agent) = self.agents.get_mut(user_id) else {
-            return Err(Rejection::new(
-                Reason::UnknownUser,
-                format!("no user {user_id}"),
-            ));
+            return Err(Rejection::new(Reason::UnknownUser, format!("no user {user_id}")));
         };
-        let mut context = Context {
-            config: &self.config,
-            effects,
-        };
+        let mut context = Context { config: &self.config, effects };
         match command {
             Command::CardBound(bound) => {
                 if self.card_owner.contains_key(&bound.card_id) {
@@ -182,9 +142,8 @@ impl AgentStage {
                         format!("an agent binds at most {CARDS_PER_AGENT_MAX} cards"),
                     ));
                 }
-                self.card_owner
-                    .insert(bound.card_id.clone(), user_id.to_string());
-                agent.bind_card(bound, &mut context);
+                self.card_owner.insert(bound.card_id.clone(), user_id.to_string());
+                agent.bind_card(&bound, &mut context);
                 Ok(())
             }
             Command::UserRecharge(recharge) => {
@@ -192,12 +151,7 @@ impl AgentStage {
                 let commission = non_negative_amount(&recharge.commission, "commission")?;
                 // R-JRN-3: recharge then recharge_commission, then settlement (R-DEBT-2).
                 agent.credit(EntryKind::Recharge, amount, None, context.effects.now);
-                agent.credit(
-                    EntryKind::RechargeCommission,
-                    commission,
-                    None,
-                    context.effects.now,
-                );
+                agent.credit(EntryKind::RechargeCommission, commission, None, context.effects.now);
                 agent.settle(context.effects);
                 Ok(())
             }
@@ -206,10 +160,7 @@ impl AgentStage {
                     .ok()
                     .filter(|amount| !amount.is_zero() && amount.abs() <= super::amount_max())
                     .ok_or_else(|| {
-                        Rejection::new(
-                            Reason::InvalidAmount,
-                            "`amount` must be a non-zero 2-decimal amount",
-                        )
+                        Rejection::new(Reason::InvalidAmount, "`amount` must be a non-zero 2-decimal amount")
                     })?;
                 if agent.available.plus(amount).is_negative() {
                     return Err(Rejection::new(
@@ -224,14 +175,11 @@ impl AgentStage {
                 Ok(())
             }
             Command::CrawlResult(result) => agent.on_crawl_result(result, &mut context),
-            Command::CardReauthenticated(reauth) => {
-                agent.on_reauthenticated(&reauth.card_id, &mut context)
-            }
+            Command::CardReauthenticated(reauth) => agent.on_reauthenticated(&reauth.card_id, &mut context),
             Command::AdminUnban(unban) => agent.unban(&unban.operator, context.effects.now),
-            other => Err(Rejection::new(
-                Reason::InvalidTransition,
-                format!("{} is not an agent input", other.type_name()),
-            )),
+            other => {
+                Err(Rejection::new(Reason::InvalidTransition, format!("{} is not an agent input", other.type_name())))
+            }
         }
     }
 
@@ -243,10 +191,7 @@ impl AgentStage {
         effects: &mut Effects,
     ) -> Result<(u32, String), Reason> {
         let agent = self.agents.get_mut(user_id).ok_or(Reason::UnknownUser)?;
-        let card = agent
-            .cards
-            .get(&request.card_id)
-            .ok_or(Reason::UnknownCard)?;
+        let card = agent.cards.get(&request.card_id).ok_or(Reason::UnknownCard)?;
         if let Some(problem) = request.order_problem {
             return Err(problem);
         }
@@ -263,10 +208,7 @@ impl AgentStage {
         if collection && agent.available < request.amount {
             return Err(Reason::InsufficientBalance);
         }
-        let mut context = Context {
-            config: &self.config,
-            effects,
-        };
+        let mut context = Context { config: &self.config, effects };
         let card_id = request.card_id.clone();
         let seq = request.seq;
         agent.start_sub_order(request, &mut context);
@@ -293,27 +235,19 @@ impl Agent {
             },
         );
         // R-PEND-1: the first reservoir sync one interval after binding.
-        let due = context
-            .effects
-            .now
-            .plus_seconds(context.config.reservoir_interval_s);
+        let due = context.effects.now.plus_seconds(context.config.reservoir_interval_s);
         context.effects.schedule(
             due,
             Timer::Agent {
                 user_id: self.user_id.clone(),
-                timer: AgentTimer::Reservoir {
-                    card_id: bound.card_id.clone(),
-                },
+                timer: AgentTimer::Reservoir { card_id: bound.card_id.clone() },
             },
         );
     }
 
     fn unban(&mut self, operator: &str, at: crate::time::Timestamp) -> Result<(), Rejection> {
         if self.status != AgentStatus::Banned {
-            return Err(Rejection::new(
-                Reason::InvalidTransition,
-                format!("user {} is not banned", self.user_id),
-            ));
+            return Err(Rejection::new(Reason::InvalidTransition, format!("user {} is not banned", self.user_id)));
         }
         // R-ERR-2: only an operator lifts a ban; lines before it no longer count.
         self.status = AgentStatus::Active;
@@ -329,10 +263,7 @@ impl Agent {
     }
 
     pub(crate) fn timer(&self, timer: AgentTimer) -> Timer {
-        Timer::Agent {
-            user_id: self.user_id.clone(),
-            timer,
-        }
+        Timer::Agent { user_id: self.user_id.clone(), timer }
     }
 
     /// An accepted dispatch or grab: hold, sub-order, waves and close (R-DSP-1, R-PAY-2, R-WAVE-1, R-PAY-1).
@@ -343,13 +274,8 @@ impl Agent {
         let (hold_id, close_at) = match request.kind {
             OrderKind::Collection => {
                 let close_after = now.plus_seconds(config.collection_close_after_s);
-                let close_at = request
-                    .expires_at
-                    .map_or(close_after, |expires_at| close_after.min(expires_at));
-                (
-                    Some(self.freeze(&request.order_id, request.amount)),
-                    Some(close_at),
-                )
+                let close_at = request.expires_at.map_or(close_after, |expires_at| close_after.min(expires_at));
+                (Some(self.freeze(&request.order_id, request.amount)), Some(close_at))
             }
             OrderKind::Payout => (None, None),
         };
@@ -399,30 +325,18 @@ impl Agent {
                 for wave in &config.collection_waves_s {
                     let due = now.plus_seconds(*wave);
                     if due < close_at {
-                        context
-                            .effects
-                            .schedule(due, self.timer(AgentTimer::CollectionWave { sub: index }));
+                        context.effects.schedule(due, self.timer(AgentTimer::CollectionWave { sub: index }));
                     }
                 }
-                context
-                    .effects
-                    .schedule(close_at, self.timer(AgentTimer::Close { sub: index }));
+                context.effects.schedule(close_at, self.timer(AgentTimer::Close { sub: index }));
             }
             OrderKind::Payout => {
-                sub.note(
-                    now,
-                    "R-PAY-2",
-                    "grabbed",
-                    format!("card {}", request.card_id),
-                );
+                sub.note(now, "R-PAY-2", "grabbed", format!("card {}", request.card_id));
                 let due = now.plus_seconds(config.payout_pay_timeout_s);
-                context
-                    .effects
-                    .schedule(due, self.timer(AgentTimer::PayTimeout { sub: index }));
+                context.effects.schedule(due, self.timer(AgentTimer::PayTimeout { sub: index }));
             }
         }
-        self.sub_index
-            .insert((request.order_id, request.seq), index);
+        self.sub_index.insert((request.order_id, request.seq), index);
         self.subs.push(sub);
         if let Some(card) = self.cards.get_mut(&request.card_id) {
             card.live_subs.insert(index);
@@ -443,25 +357,18 @@ impl Agent {
     }
 
     pub(crate) fn provider_of(&self, sub: usize) -> Provider {
-        self.cards
-            .get(&self.subs[sub].card_id)
-            .map_or(Provider::Other, |card| card.provider)
+        self.cards.get(&self.subs[sub].card_id).map_or(Provider::Other, |card| card.provider)
     }
 
     pub(crate) fn card_authenticated(&self, card_id: &str) -> bool {
-        self.cards
-            .get(card_id)
-            .is_some_and(|card| card.auth == CardAuth::Authenticated)
+        self.cards.get(card_id).is_some_and(|card| card.auth == CardAuth::Authenticated)
     }
 
     pub(crate) fn reply(&self, sub: usize, outcome: SubOutcome, context: &mut Context) {
         let sub = &self.subs[sub];
         context.effects.send(Message::Order {
             order_id: sub.order_id.clone(),
-            body: OrderBody::Outcome {
-                seq: sub.seq,
-                outcome,
-            },
+            body: OrderBody::Outcome { seq: sub.seq, outcome },
         });
     }
 
@@ -474,60 +381,37 @@ impl Agent {
         let now = context.effects.now;
         let state = self.subs[sub].state;
         let kind = self.subs[sub].kind;
-        let invalid = || {
-            Rejection::new(
-                Reason::InvalidTransition,
-                format!("the sub-order is {state:?}"),
-            )
-        };
+        let invalid = || Rejection::new(Reason::InvalidTransition, format!("the sub-order is {state:?}"));
         match command {
             SubOrderCommand::PaymentConfirmed { utr } => {
                 if !state.is_live() {
-                    return Err(Rejection::new(
-                        Reason::NoLiveSubOrder,
-                        "the sub-order is final",
-                    ));
+                    return Err(Rejection::new(Reason::NoLiveSubOrder, "the sub-order is final"));
                 }
                 self.confirm_payment(sub, utr, context);
                 Ok(())
             }
             SubOrderCommand::Cancel { by } => match kind {
-                OrderKind::Collection if self.subs[sub].found => Err(Rejection::new(
-                    Reason::LineFound,
-                    "a statement line was matched: an operator decides",
-                )),
+                OrderKind::Collection if self.subs[sub].found => {
+                    Err(Rejection::new(Reason::LineFound, "a statement line was matched: an operator decides"))
+                }
                 OrderKind::Collection if state.is_live() => {
                     self.subs[sub].note(now, "R-CLOSE-3", "cancelled", format!("by {by:?}"));
                     self.close_collection(sub, SubState::Cancelled, context);
                     Ok(())
                 }
                 OrderKind::Payout if state == SubState::Paying => {
-                    self.subs[sub].note(
-                        now,
-                        "R-CLOSE-3",
-                        "abandoned",
-                        "agent cancelled the grab".to_string(),
-                    );
+                    self.subs[sub].note(now, "R-CLOSE-3", "abandoned", "agent cancelled the grab".to_string());
                     self.set_state(sub, SubState::Cancelled);
                     self.reply(sub, SubOutcome::PayoutReturned, context);
                     Ok(())
                 }
                 _ => Err(invalid()),
             },
-            SubOrderCommand::Supplement { utr } => {
-                self.revive(sub, utr, "R-POST-1", PurposeKind::Revival, context)
-            }
-            SubOrderCommand::Retry => {
-                self.revive(sub, None, "R-POST-1", PurposeKind::Revival, context)
-            }
+            SubOrderCommand::Supplement { utr } => self.revive(sub, utr, "R-POST-1", PurposeKind::Revival, context),
+            SubOrderCommand::Retry => self.revive(sub, None, "R-POST-1", PurposeKind::Revival, context),
             SubOrderCommand::CrawlRetry => {
                 if state == SubState::Reviewing {
-                    self.subs[sub].note(
-                        now,
-                        "R-HIS-3",
-                        "operator_retry",
-                        "bill table, then a live check".to_string(),
-                    );
+                    self.subs[sub].note(now, "R-HIS-3", "operator_retry", "bill table, then a live check".to_string());
                     self.look_then_check(sub, PurposeKind::OperatorRetry, context);
                     Ok(())
                 } else {
@@ -563,12 +447,7 @@ impl Agent {
                     ));
                 }
                 if state.is_live() {
-                    self.subs[sub].note(
-                        now,
-                        "R-ADMIN-4",
-                        "rejected",
-                        "whole payout cancelled".to_string(),
-                    );
+                    self.subs[sub].note(now, "R-ADMIN-4", "rejected", "whole payout cancelled".to_string());
                     self.release_reservation(sub);
                     self.set_state(sub, SubState::Rejected);
                 }
@@ -596,12 +475,7 @@ impl Agent {
         record.confirm_generation += 1;
         record.matched_since_confirmation = false;
         let generation = record.confirm_generation;
-        record.note(
-            now,
-            "R-WAVE-2",
-            "payment_confirmed",
-            format!("utr {}", utr.as_deref().unwrap_or("none")),
-        );
+        record.note(now, "R-WAVE-2", "payment_confirmed", format!("utr {}", utr.as_deref().unwrap_or("none")));
         if record.state == SubState::Paying {
             self.set_state(sub, SubState::Reviewing);
         }
@@ -614,11 +488,7 @@ impl Agent {
             config.confirm_first_wave_s
         };
         for (offset, second) in [(first, false), (config.confirm_second_wave_s, true)] {
-            let timer = self.timer(AgentTimer::ConfirmWave {
-                sub,
-                generation,
-                second,
-            });
+            let timer = self.timer(AgentTimer::ConfirmWave { sub, generation, second });
             context.effects.schedule(now.plus_seconds(offset), timer);
         }
     }
@@ -638,10 +508,7 @@ impl Agent {
         {
             return Err(Rejection::new(
                 Reason::InvalidTransition,
-                format!(
-                    "only a cancelled or timed-out collection is revived; the sub-order is {:?}",
-                    record.state
-                ),
+                format!("only a cancelled or timed-out collection is revived; the sub-order is {:?}", record.state),
             ));
         }
         let now = context.effects.now;
@@ -655,12 +522,7 @@ impl Agent {
         let record = &mut self.subs[sub];
         record.revived_from = Some(previous);
         record.flags.insert(Flag::Revived);
-        record.note(
-            now,
-            rule,
-            "revived",
-            format!("from {previous:?}, utrs {:?}", record.utrs),
-        );
+        record.note(now, rule, "revived", format!("from {previous:?}, utrs {:?}", record.utrs));
         self.set_state(sub, SubState::Reviewing);
         self.look_then_check(sub, purpose, context);
         Ok(())

@@ -10,13 +10,8 @@ use crate::output::{NotificationKind, OrderKind, OutputBody};
 use crate::stages::SubOutcome;
 
 /// Flags whose condition a success resolves; the others stay as evidence (SPEC §4).
-const RESOLVED_BY_SUCCESS: [Flag; 5] = [
-    Flag::Ambiguous,
-    Flag::AwaitReauth,
-    Flag::BillPending,
-    Flag::IfscUnverified,
-    Flag::Underpaid,
-];
+const RESOLVED_BY_SUCCESS: [Flag; 5] =
+    [Flag::Ambiguous, Flag::AwaitReauth, Flag::BillPending, Flag::IfscUnverified, Flag::Underpaid];
 
 impl Agent {
     /// Sends a notification when the agent has bound Telegram (SPEC §6).
@@ -37,11 +32,7 @@ impl Agent {
             return;
         };
         let card_id = self.subs[sub].card_id.clone();
-        if let Some(line) = self
-            .cards
-            .get_mut(&card_id)
-            .and_then(|card| card.bill.get_mut(&txn_id))
-        {
+        if let Some(line) = self.cards.get_mut(&card_id).and_then(|card| card.bill.get_mut(&txn_id)) {
             if line.reserved_by == Some(sub) {
                 line.reserved_by = None;
             }
@@ -59,12 +50,7 @@ impl Agent {
         record.revived_from = None;
         record.lapses.clear();
         record.flags.remove(&Flag::Ambiguous);
-        record.note(
-            now,
-            "R-CLOSE-1",
-            "closed",
-            format!("state {state:?}, hold released"),
-        );
+        record.note(now, "R-CLOSE-1", "closed", format!("state {state:?}, hold released"));
         let hold_id = record.hold_id;
         self.set_state(sub, state);
         if let Some(hold_id) = hold_id {
@@ -76,24 +62,13 @@ impl Agent {
     }
 
     /// A payout sub-order ends without success: the order waits for the next agent (R-MER-4).
-    pub(crate) fn payout_returned(
-        &mut self,
-        sub: usize,
-        state: SubState,
-        rule: &'static str,
-        context: &mut Context,
-    ) {
+    pub(crate) fn payout_returned(&mut self, sub: usize, state: SubState, rule: &'static str, context: &mut Context) {
         debug_assert_eq!(self.subs[sub].kind, OrderKind::Payout);
         let now = context.effects.now;
         self.release_reservation(sub);
         let record = &mut self.subs[sub];
         record.lapses.clear();
-        record.note(
-            now,
-            rule,
-            "ended",
-            format!("state {state:?}, order back to pending"),
-        );
+        record.note(now, rule, "ended", format!("state {state:?}, order back to pending"));
         self.set_state(sub, state);
         self.reply(sub, SubOutcome::PayoutReturned, context);
     }
@@ -118,10 +93,7 @@ impl Agent {
             now,
             record_match.rule,
             "success",
-            format!(
-                "txns {:?} actual {actual}: {}",
-                record_match.txn_ids, record_match.explanation
-            ),
+            format!("txns {:?} actual {actual}: {}", record_match.txn_ids, record_match.explanation),
         );
         record.matched = Some(record_match);
         let hold_id = record.hold_id;
@@ -134,29 +106,16 @@ impl Agent {
                     "supplement_debit",
                     "deferred debit of a released hold".to_string(),
                 );
-                self.debit_released(
-                    hold_id,
-                    context.config.debt_sweep_interval_s,
-                    context.effects,
-                );
+                self.debit_released(hold_id, context.config.debt_sweep_interval_s, context.effects);
             } else {
                 self.consume(hold_id, now);
             }
         }
-        self.reply(
-            sub,
-            SubOutcome::CollectionSucceeded { actual, utr },
-            context,
-        );
+        self.reply(sub, SubOutcome::CollectionSucceeded { actual, utr }, context);
     }
 
     /// A payout succeeds: the agent is credited `amount` (buy) then the reward (income) (R-MER-5).
-    pub(crate) fn payout_success(
-        &mut self,
-        sub: usize,
-        record_match: MatchRecord,
-        context: &mut Context,
-    ) {
+    pub(crate) fn payout_success(&mut self, sub: usize, record_match: MatchRecord, context: &mut Context) {
         let now = context.effects.now;
         let record = &mut self.subs[sub];
         for flag in RESOLVED_BY_SUCCESS {
@@ -167,23 +126,14 @@ impl Agent {
             now,
             record_match.rule,
             "success",
-            format!(
-                "txns {:?} paid {}: {}",
-                record_match.txn_ids, record.paid_total, record_match.explanation
-            ),
+            format!("txns {:?} paid {}: {}", record_match.txn_ids, record.paid_total, record_match.explanation),
         );
         record.matched = Some(record_match);
         let amount = record.amount;
         let order_id = record.order_id.clone();
-        let paid_total = if record.paid_total.is_zero() {
-            amount
-        } else {
-            record.paid_total
-        };
+        let paid_total = if record.paid_total.is_zero() { amount } else { record.paid_total };
         self.set_state(sub, SubState::Success);
-        let reward = amount
-            .times_rate(context.config.payout_reward_rate)
-            .unwrap_or(Money::ZERO);
+        let reward = amount.times_rate(context.config.payout_reward_rate).unwrap_or(Money::ZERO);
         self.credit(EntryKind::Buy, amount, Some(&order_id), now);
         self.credit(EntryKind::Income, reward, Some(&order_id), now);
         self.settle(context.effects);
@@ -200,12 +150,7 @@ impl Agent {
         record.flags.remove(&Flag::Revived);
         record.flags.remove(&Flag::AwaitReauth);
         record.lapses.clear();
-        record.note(
-            now,
-            "R-POST-1",
-            "revival_missed",
-            format!("back to {previous:?}"),
-        );
+        record.note(now, "R-POST-1", "revival_missed", format!("back to {previous:?}"));
         self.release_reservation(sub);
         self.set_state(sub, previous);
     }
@@ -221,8 +166,7 @@ impl Agent {
         let slack = context.config.window_slack_s;
         let record = &mut self.subs[sub];
         if let Some(closed_at) = record.closed_at {
-            if check_time > closed_at.plus_seconds(slack) && record.flags.insert(Flag::HisExhausted)
-            {
+            if check_time > closed_at.plus_seconds(slack) && record.flags.insert(Flag::HisExhausted) {
                 record.note(
                     context.effects.now,
                     "R-HIS-1",
@@ -262,21 +206,12 @@ impl Agent {
     pub(crate) fn operator_reject(&mut self, sub: usize, context: &mut Context) {
         let record = &self.subs[sub];
         match record.kind {
-            OrderKind::Collection if record.revived_from.is_some() => {
-                self.end_revival(sub, context)
-            }
+            OrderKind::Collection if record.revived_from.is_some() => self.end_revival(sub, context),
             OrderKind::Collection => {
-                self.subs[sub].note(
-                    context.effects.now,
-                    "R-ADMIN-1",
-                    "rejected",
-                    "by an operator".to_string(),
-                );
+                self.subs[sub].note(context.effects.now, "R-ADMIN-1", "rejected", "by an operator".to_string());
                 self.close_collection(sub, SubState::Rejected, context)
             }
-            OrderKind::Payout => {
-                self.payout_returned(sub, SubState::Rejected, "R-ADMIN-1", context)
-            }
+            OrderKind::Payout => self.payout_returned(sub, SubState::Rejected, "R-ADMIN-1", context),
         }
     }
 
@@ -286,12 +221,7 @@ impl Agent {
             return;
         };
         let refund = self.refund_hold(hold_id, context.effects);
-        self.subs[sub].note(
-            context.effects.now,
-            "R-ADMIN-3",
-            "corrected",
-            format!("refund {refund}"),
-        );
+        self.subs[sub].note(context.effects.now, "R-ADMIN-3", "corrected", format!("refund {refund}"));
         self.set_state(sub, SubState::Cancelled);
         self.reply(sub, SubOutcome::CollectionCorrected, context);
     }
@@ -317,23 +247,11 @@ impl Agent {
         let lines: Vec<_> = self.subs[sub]
             .matched_txn_ids
             .iter()
-            .filter_map(|txn_id| {
-                card.bill
-                    .get(txn_id)
-                    .map(|line| (line.line.status, line.line.amount))
-            })
+            .filter_map(|txn_id| card.bill.get(txn_id).map(|line| (line.line.status, line.line.amount)))
             .collect();
         let tolerance = context.config.amount_tolerance;
-        if lines
-            .iter()
-            .any(|(status, _)| matches!(status, Failed | Errored))
-        {
-            self.subs[sub].note(
-                now,
-                "R-PEND-1",
-                "line_failed",
-                "a matched line failed".to_string(),
-            );
+        if lines.iter().any(|(status, _)| matches!(status, Failed | Errored)) {
+            self.subs[sub].note(now, "R-PEND-1", "line_failed", "a matched line failed".to_string());
             self.subs[sub].flags.remove(&Flag::BillPending);
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
@@ -349,10 +267,7 @@ impl Agent {
                     "bill_pending",
                     format!("txns {:?} still processing", record.matched_txn_ids),
                 );
-                context.effects.schedule(
-                    now.plus_seconds(timeout),
-                    self.timer(AgentTimer::BillPendingTimeout { sub }),
-                );
+                context.effects.schedule(now.plus_seconds(timeout), self.timer(AgentTimer::BillPendingTimeout { sub }));
             }
             self.set_state(sub, SubState::Reviewing);
             return;
@@ -389,22 +304,18 @@ impl Agent {
         if record.flags.insert(Flag::Underpaid) {
             record.underpaid_since = Some(now);
             let due = now.plus_seconds(context.config.underpaid_timeout_s);
-            context
-                .effects
-                .schedule(due, self.timer(AgentTimer::UnderpaidTimeout { sub }));
+            context.effects.schedule(due, self.timer(AgentTimer::UnderpaidTimeout { sub }));
         }
         let record = &mut self.subs[sub];
-        record.note(
-            now,
-            "R-MATCH-P4",
-            "underpaid",
-            format!("paid {paid_total} of {amount}, short {shortfall}"),
-        );
+        record.note(now, "R-MATCH-P4", "underpaid", format!("paid {paid_total} of {amount}, short {shortfall}"));
         let order_id = record.order_id.clone();
         self.set_state(sub, SubState::Reviewing);
         if paid_total > previous_paid {
-            self.notify(NotificationKind::Underpaid,
-                format!("Payout {order_id}: paid {paid_total} of {amount}; please pay the remaining {shortfall}."), context);
+            self.notify(
+                NotificationKind::Underpaid,
+                format!("Payout {order_id}: paid {paid_total} of {amount}; please pay the remaining {shortfall}."),
+                context,
+            );
         }
     }
 }

@@ -144,18 +144,19 @@ pub struct Line {
 }
 
 impl Line {
-    pub fn from_statement(line: &StatementLine) -> Result<Line, crate::money::MoneyError> {
-        Ok(Line {
-            txn_id: line.txn_id.clone(),
-            utr: line.utr.clone().filter(|utr| !utr.is_empty()),
+    /// A provider's line with its amount already parsed (see `Money::parse`).
+    pub fn from_statement(line: StatementLine, amount: Money) -> Line {
+        Line {
+            amount,
+            txn_id: line.txn_id,
+            utr: line.utr.filter(|utr| !utr.is_empty()),
             utr_supported: line.utr_supported,
             direction: line.direction,
-            amount: Money::parse(&line.amount)?,
             status: line.status,
             time: line.time,
-            counterparty: line.counterparty.clone(),
-            payee_ifsc: line.payee_ifsc.clone(),
-        })
+            counterparty: line.counterparty,
+            payee_ifsc: line.payee_ifsc,
+        }
     }
 }
 
@@ -169,21 +170,57 @@ pub struct BillLine {
 }
 
 /// The bill table of one card: every line fetched, deduplicated by txn id, ordered by (time, txn id).
+/// Lookups by txn id are hash lookups (no allocation); the ordered index serves window scans.
 #[derive(Clone, Debug, Default)]
 pub struct BillTable {
-    pub lines: BTreeMap<(Timestamp, String), BillLine>,
-    pub time_of: HashMap<String, Timestamp>,
+    lines: HashMap<String, BillLine>,
+    by_time: BTreeSet<(Timestamp, String)>,
 }
 
 impl BillTable {
     pub fn get(&self, txn_id: &str) -> Option<&BillLine> {
-        let time = self.time_of.get(txn_id)?;
-        self.lines.get(&(*time, txn_id.to_string()))
+        self.lines.get(txn_id)
     }
 
     pub fn get_mut(&mut self, txn_id: &str) -> Option<&mut BillLine> {
-        let time = self.time_of.get(txn_id)?;
-        self.lines.get_mut(&(*time, txn_id.to_string()))
+        self.lines.get_mut(txn_id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Adds a line not yet in the table.
+    pub fn insert(&mut self, line: Line) {
+        debug_assert!(!self.lines.contains_key(&line.txn_id));
+        self.by_time.insert((line.time, line.txn_id.clone()));
+        self.lines.insert(line.txn_id.clone(), BillLine { line, used_by: None, reserved_by: None });
+    }
+
+    /// Lines with `lower ≤ time ≤ upper`, oldest first (time, then txn id).
+    pub fn window(&self, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
+        self.by_time
+            .range((lower, String::new())..)
+            .take_while(move |(time, _)| *time <= upper)
+            .filter_map(|(_, txn_id)| self.lines.get(txn_id))
+    }
+
+    /// Removes the oldest line no sub-order uses or waits on; returns its (time, txn id).
+    pub fn evict_oldest_unused(&mut self) -> Option<(Timestamp, String)> {
+        let key = self
+            .by_time
+            .iter()
+            .find(|(_, txn_id)| {
+                self.lines.get(txn_id).is_some_and(|line| line.used_by.is_none() && line.reserved_by.is_none())
+            })?
+            .clone();
+        self.by_time.remove(&key);
+        self.lines.remove(&key.1);
+        Some(key)
     }
 }
 
@@ -253,10 +290,7 @@ pub enum DetailReason {
 pub enum RequestKind {
     OrderCheck,
     Reservoir,
-    Detail {
-        txn_id: String,
-        reason: DetailReason,
-    },
+    Detail { txn_id: String, reason: DetailReason },
 }
 
 #[derive(Clone, Debug)]
@@ -350,26 +384,13 @@ pub struct SubOrder {
 }
 
 impl SubOrder {
-    pub fn note(
-        &mut self,
-        at: Timestamp,
-        rule: &'static str,
-        event: &'static str,
-        evidence: String,
-    ) {
-        self.timeline.push(TimelineEntry {
-            at,
-            rule,
-            event,
-            evidence,
-        });
+    pub fn note(&mut self, at: Timestamp, rule: &'static str, event: &'static str, evidence: String) {
+        self.timeline.push(TimelineEntry { at, rule, event, evidence });
     }
 
     /// Open for matching (SPEC §7 "Match rules"): live and not found, plus under-paid ones.
     pub fn open_for_matching(&self) -> bool {
-        self.state.is_live()
-            && self.awaiting_detail.is_none()
-            && (!self.found || self.flags.contains(&Flag::Underpaid))
+        self.state.is_live() && self.awaiting_detail.is_none() && (!self.found || self.flags.contains(&Flag::Underpaid))
     }
 }
 
@@ -417,11 +438,7 @@ impl Agent {
     }
 
     pub fn balances(&self) -> Balances {
-        Balances {
-            available: self.available,
-            frozen: self.frozen,
-            deferred: self.deferred,
-        }
+        Balances { available: self.available, frozen: self.frozen, deferred: self.deferred }
     }
 
     /// `dispatch_eligible` (SPEC §4): active and nothing deferred.

@@ -1,0 +1,43 @@
+//! Replays the synthetic workload once and prints events/s: a target for `perf record`.
+//! `cargo run --release -p pipelines --example profile_replay -- AGENTS ROUNDS`
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use pipelines::wallet_sim::WalletSim;
+use pipelines::{Config, Engine};
+
+fn main() {
+    let mut args = std::env::args().skip(1).map(|arg| arg.parse::<usize>().unwrap_or(0));
+    let agents = args.next().filter(|n| *n > 0).unwrap_or(5_000);
+    let rounds = args.next().filter(|n| *n > 0).unwrap_or(20);
+    if std::env::var("SIZES").is_ok() {
+        sizes();
+    }
+    let inputs = pipelines::workload::workload(agents, rounds);
+    let events = inputs.len();
+    let started = std::time::Instant::now();
+    let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
+    let last = inputs.last().map(|input| input.at);
+    for (index, input) in inputs.into_iter().enumerate() {
+        engine.apply(input);
+        if index % 4096 == 0 {
+            engine.take_outputs();
+        }
+    }
+    if let Some(last) = last {
+        engine.advance_to(last);
+    }
+    let elapsed = started.elapsed();
+    println!("{events} events in {elapsed:?}: {:.0} events/s", events as f64 / elapsed.as_secs_f64());
+    std::mem::forget(engine);
+}
+
+#[allow(dead_code)]
+fn sizes() {
+    use pipelines::stages::agent::state::*;
+    eprintln!("SubOrder {} BillLine {} Line {} TimelineEntry {} JournalEntry {} Hold {} MainOrder {} StatementLine {} Command {} Timer {} Output {}",
+        std::mem::size_of::<SubOrder>(), std::mem::size_of::<BillLine>(), std::mem::size_of::<Line>(), std::mem::size_of::<TimelineEntry>(),
+        std::mem::size_of::<JournalEntry>(), std::mem::size_of::<Hold>(), std::mem::size_of::<pipelines::stages::order::MainOrder>(),
+        std::mem::size_of::<pipelines::input::StatementLine>(), std::mem::size_of::<pipelines::input::Command>(), std::mem::size_of::<pipelines::stages::Timer>(), std::mem::size_of::<pipelines::output::Output>());
+}
