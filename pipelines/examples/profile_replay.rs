@@ -30,6 +30,20 @@ fn main() {
     }
     let elapsed = started.elapsed();
     println!("{events} events in {elapsed:?}: {:.0} events/s", events as f64 / elapsed.as_secs_f64());
+    if std::env::var("STATS").is_ok() {
+        let agents = &engine.agents.agents;
+        let cards: Vec<_> = agents.values().flat_map(|agent| agent.cards.values()).collect();
+        let live: usize = cards.iter().map(|card| card.live_subs.len()).sum();
+        let bill: usize = cards.iter().map(|card| card.bill.len()).sum();
+        let subs: usize = agents.values().map(|agent| agent.subs.len()).sum();
+        let timeline: usize =
+            agents.values().flat_map(|agent| agent.subs.iter()).map(|sub| sub.timeline.entries.len()).sum();
+        eprintln!(
+            "cards {} live subs {live} bill lines {bill} subs {subs} timeline entries {timeline} timers {}",
+            cards.len(),
+            engine.timers_pending()
+        );
+    }
     std::mem::forget(engine);
 }
 

@@ -25,13 +25,15 @@ pub struct Engine {
     pub merchants: MerchantStage,
     /// The simulated provider, when this engine answers its own crawl requests (replay, demos).
     pub provider: Option<WalletSim>,
-    /// Due timers by (due, creation): boxed so B-tree node shifts move pointers, not timers.
-    timers: BTreeMap<(Timestamp, u64), Box<Timer>>,
+    /// Due timers by (due, creation).
+    timers: BTreeMap<(Timestamp, u64), Timer>,
     timers_created: u64,
     clock: Timestamp,
     seen_event_ids: HashSet<String>,
     outputs: Vec<Output>,
     effects: Effects,
+    /// The FIFO of internal events, kept between inputs to reuse its buffer.
+    queue: VecDeque<Work>,
 }
 
 impl Engine {
@@ -48,6 +50,7 @@ impl Engine {
             seen_event_ids: HashSet::default(),
             outputs: Vec::new(),
             effects: Effects::default(),
+            queue: VecDeque::new(),
         }
     }
 
@@ -78,9 +81,8 @@ impl Engine {
             return; // SPEC §3: an event id already seen, applied or rejected, is ignored.
         }
         let now = self.clock;
-        match self.route(input) {
-            Some(message) => self.run(now, Work::Message(message)),
-            None => {}
+        if let Some(message) = self.route(input) {
+            self.run(now, Work::Message(message));
         }
     }
 
@@ -109,7 +111,7 @@ impl Engine {
             return;
         };
         self.clock = self.clock.max(due);
-        self.run(due, Work::Timer(*timer));
+        self.run(due, Work::Timer(timer));
     }
 
     /// Which stage an input belongs to (SPEC §5 table).
@@ -169,7 +171,9 @@ impl Engine {
 
     /// Processes one unit of work and everything it causes, FIFO (SPEC §3).
     fn run(&mut self, now: Timestamp, first: Work) {
-        let mut queue = VecDeque::from([first]);
+        let mut queue = std::mem::take(&mut self.queue);
+        debug_assert!(queue.is_empty());
+        queue.push_back(first);
         let mut processed = 0usize;
         while let Some(work) = queue.pop_front() {
             processed += 1;
@@ -184,10 +188,11 @@ impl Engine {
             queue.extend(self.effects.messages.drain(..).map(Work::Message));
             for (due, timer) in self.effects.timers.drain(..) {
                 self.timers_created += 1;
-                self.timers.insert((due, self.timers_created), Box::new(timer));
+                self.timers.insert((due, self.timers_created), timer);
             }
             self.feed_provider(first_new_output, now);
         }
+        self.queue = queue;
     }
 
     fn deliver(&mut self, message: Message) {
@@ -232,13 +237,15 @@ impl Engine {
                 let due = now.plus_seconds(self.config.crawl_latency_s);
                 self.timers.insert(
                     (due, self.timers_created),
-                    Box::new(Timer::Provider(ProviderTimer::Answer(request.clone()))),
+                    Timer::Provider(ProviderTimer::Answer(Box::new(request.clone()))),
                 );
             }
         }
     }
 }
 
+/// Most work is messages; boxing them to shrink the rarer timer variant would add an allocation each.
+#[allow(clippy::large_enum_variant)]
 enum Work {
     Message(Message),
     Timer(Timer),

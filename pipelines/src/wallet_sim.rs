@@ -15,7 +15,7 @@ pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProviderTimer {
     /// Answer a request at its due time.
-    Answer(CrawlRequested),
+    Answer(Box<CrawlRequested>),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -104,11 +104,16 @@ impl WalletSim {
             None => Arc::clone(line),
         };
         let lines: Vec<Arc<StatementLine>> = match request.order {
-            Some(PageOrder::Asc) => visible
-                .filter(|line| request.from.is_none_or(|from| line.time >= from))
-                .take(limit)
-                .map(strip)
-                .collect(),
+            Some(PageOrder::Asc) => {
+                let from = request.from.unwrap_or_default();
+                card.into_iter()
+                    .flat_map(|card| card.lines.range((from, String::new())..).map(|(_, entry)| entry))
+                    .filter(|(added_at, line)| *added_at <= now && line.time <= now)
+                    .map(|(_, line)| line)
+                    .take(limit)
+                    .map(strip)
+                    .collect()
+            }
             _ => visible.rev().take(limit).map(strip).collect(),
         };
         let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();

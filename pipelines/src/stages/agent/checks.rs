@@ -159,7 +159,12 @@ impl Agent {
         let request_id = self.send_request(card_id, CrawlMode::OrderCheck, from, None, context);
         for purpose in &needed {
             if let Some(sub) = purpose.sub {
-                self.subs[sub].note(now, "R-CHK-1", "check_asked", format!("{request_id} for {:?}", purpose.kind));
+                self.subs[sub].note(
+                    now,
+                    "R-CHK-1",
+                    "check_asked",
+                    Evidence::Asked { request_id: request_id.clone(), purpose: purpose.kind },
+                );
             }
         }
         if let Some(card) = self.cards.get_mut(card_id) {
@@ -267,19 +272,10 @@ impl Agent {
         if raw_lines.len() > LINES_PER_RESULT_MAX {
             return Err(Rejection::new(Reason::InvalidTransition, format!("more than {LINES_PER_RESULT_MAX} lines")));
         }
-        let mut amounts = Vec::with_capacity(raw_lines.len());
-        for line in &raw_lines {
-            match crate::money::Money::parse(&line.amount) {
-                Ok(amount) if !amount.is_negative() && amount <= crate::stages::amount_max() => amounts.push(amount),
-                _ => {
-                    let message = format!("line {}: `{}` is not a valid amount", line.txn_id, line.amount);
-                    return Err(Rejection::new(Reason::InvalidAmount, message));
-                }
-            }
-        }
         // R-CHK-1: answers with an unknown or already answered request id are ignored.
+        let Some(kind) = card.requests.get(&request_id).map(|request| request.kind.clone()) else { return Ok(()) };
+        let page = Page::new(&card.bill, raw_lines, &kind)?;
         let Some(request) = card.requests.remove(&request_id) else { return Ok(()) };
-        let page = Page::new(&card.bill, raw_lines, amounts, &request.kind);
         let error = if ok { None } else { Some(error.unwrap_or(CrawlError::UpstreamBusy)) };
         self.on_answer(&card_id, request, error, page, next_from, context);
         Ok(())
@@ -395,7 +391,7 @@ impl Agent {
             return;
         }
         let record = &mut self.subs[sub];
-        record.note(now, "R-CHK-1", "check_answered", format!("{:?}: nothing found", purpose.kind));
+        record.note(now, "R-CHK-1", "check_answered", Evidence::NothingFound { purpose: purpose.kind });
         match purpose.kind {
             PurposeKind::Close if record.state == SubState::Paying => {
                 self.close_collection(sub, SubState::PaymentTimeout, context);
@@ -685,40 +681,48 @@ impl Page {
         Page { lines: Vec::new(), count: 0, last_time: None, txn_ids: Vec::new(), detail: None }
     }
 
+    /// Keeps the lines the bill table does not know in this state; a malformed amount among them refuses
+    /// the whole answer (R-IN-1). Lines the table already holds unchanged are not parsed again.
     fn new(
         bill: &BillTable,
         raw: Vec<std::sync::Arc<crate::input::StatementLine>>,
-        amounts: Vec<crate::money::Money>,
         kind: &RequestKind,
-    ) -> Page {
+    ) -> Result<Page, Rejection> {
         let owned = |line: std::sync::Arc<crate::input::StatementLine>| {
             std::sync::Arc::try_unwrap(line).unwrap_or_else(|shared| crate::input::StatementLine::clone(&shared))
+        };
+        let parse = |line: &crate::input::StatementLine| match crate::money::Money::parse(&line.amount) {
+            Ok(amount) if !amount.is_negative() && amount <= crate::stages::amount_max() => Ok(amount),
+            _ => Err(Rejection::new(
+                Reason::InvalidAmount,
+                format!("line {}: `{}` is not a valid amount", line.txn_id, line.amount),
+            )),
         };
         let count = raw.len();
         let last_time = raw.last().map(|line| line.time);
         if matches!(kind, RequestKind::Detail { .. }) {
-            let detail =
-                raw.into_iter().zip(amounts).next().map(|(line, amount)| Line::from_statement(owned(line), amount));
-            return Page { detail, count, last_time, ..Page::empty() };
+            let detail = match raw.into_iter().next() {
+                Some(line) => Some(Line::from_statement(parse(&line)?, owned(line))),
+                None => None,
+            };
+            return Ok(Page { detail, count, last_time, ..Page::empty() });
         }
         let txn_ids = match kind {
             RequestKind::Reservoir => raw.iter().map(|line| line.txn_id.clone()).collect(),
             _ => Vec::new(),
         };
-        let detail = None;
-        let lines = raw
-            .into_iter()
-            .zip(amounts)
-            .filter(|(line, _)| match bill.get(&line.txn_id) {
-                Some(known) => {
-                    known.line.status != line.status
-                        || (known.line.utr.is_none() && line.utr.as_deref().is_some_and(|utr| !utr.is_empty()))
-                        || line.payee_ifsc.is_some()
-                }
-                None => true,
-            })
-            .map(|(line, amount)| Line::from_statement(owned(line), amount))
-            .collect();
-        Page { lines, count, last_time, txn_ids, detail }
+        let mut lines = Vec::new();
+        for line in raw {
+            let unchanged = bill.get(&line.txn_id).is_some_and(|known| {
+                known.line.status == line.status
+                    && !(known.line.utr.is_none() && line.utr.as_deref().is_some_and(|utr| !utr.is_empty()))
+                    && line.payee_ifsc.is_none()
+            });
+            if !unchanged {
+                let amount = parse(&line)?;
+                lines.push(Line::from_statement(amount, owned(line)));
+            }
+        }
+        Ok(Page { lines, count, last_time, txn_ids, detail: None })
     }
 }

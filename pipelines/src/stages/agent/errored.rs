@@ -22,6 +22,7 @@ impl Agent {
                     existing.line.status = line.status;
                     if line.status == LineStatus::Errored {
                         self.errored.insert(errored_key(existing.line.time, &line.txn_id));
+                        note_new_errored(&mut self.errored_unchecked_from, existing.line.time);
                     }
                     if existing.used_by.is_some() {
                         changed.push(line.txn_id.clone());
@@ -37,6 +38,7 @@ impl Agent {
             }
             if line.status == LineStatus::Errored {
                 self.errored.insert(errored_key(line.time, &line.txn_id));
+                note_new_errored(&mut self.errored_unchecked_from, line.time);
             }
             card.bill.insert(line);
         }
@@ -73,14 +75,22 @@ impl Agent {
 
     /// R-ERR-1: more than `errored_max` ERRORED lines (all cards, since the last unban) in any half-open
     /// window of `errored_window` bans the agent permanently. Idempotent.
+    /// R-ERR-1: more than `errored_max` ERRORED lines (all cards, since the last unban) in any half-open
+    /// window of `errored_window` bans the agent permanently. Idempotent. Only windows that can hold a
+    /// line added since the last count are scanned: every other window was counted before and held no
+    /// more lines then (statuses only leave ERRORED, and an unban only excludes lines).
     pub(crate) fn count_errored(&mut self, context: &mut Context) {
+        let Some(first_new) = self.errored_unchecked_from.take() else { return };
         if self.status == AgentStatus::Banned {
             return;
         }
+        let width = context.config.errored_window_s;
+        let scan_from = first_new.plus_seconds(-width);
         let since = self.last_unban_at;
+        let lower = since.map_or(scan_from, |since| scan_from.max(since));
         let times: Vec<_> = self
             .errored
-            .iter()
+            .range((lower, String::new(), String::new())..)
             .map(|(time, _, _)| *time)
             .filter(|time| since.is_none_or(|since| *time > since))
             .collect();
@@ -88,7 +98,6 @@ impl Agent {
         if times.len() <= limit {
             return;
         }
-        let width = context.config.errored_window_s;
         let mut end = 0;
         for start in 0..times.len() {
             let window_end = times[start].plus_seconds(width);
@@ -122,4 +131,9 @@ impl Agent {
             context,
         );
     }
+}
+
+/// Remembers the earliest ERRORED line added since the last count (R-ERR-1).
+fn note_new_errored(unchecked_from: &mut Option<crate::time::Timestamp>, time: crate::time::Timestamp) {
+    *unchecked_from = Some(unchecked_from.map_or(time, |from| from.min(time)));
 }

@@ -352,7 +352,7 @@ impl Agent {
                 let record = &mut self.subs[sub];
                 let (lower, upper) = window(record, check_time, context);
                 let evidence =
-                    format!("txn {txn_id} amount {} time {} window [{lower}, {upper}]", line.amount, line.time);
+                    Evidence::Line { txn_id: txn_id.clone(), amount: line.amount, time: line.time, lower, upper };
                 if rule == "R-MATCH-C1" && !line.amount.within(record.amount, context.config.amount_tolerance) {
                     record.flags.insert(Flag::AmountMismatch);
                     record.paid_total = if line.status == LineStatus::Success { line.amount } else { Money::ZERO };
@@ -384,7 +384,7 @@ impl Agent {
                     now,
                     "R-MATCH-P1",
                     "lines_matched",
-                    format!("txns {txn_ids:?} window [{lower}, {upper}]"),
+                    Evidence::Lines { txn_ids: txn_ids.clone(), lower, upper },
                 );
                 self.evaluate_payout(sub, context);
             }

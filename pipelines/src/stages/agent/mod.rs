@@ -315,12 +315,12 @@ impl Agent {
                     now,
                     "R-DSP-1",
                     "dispatched",
-                    format!(
-                        "card {} amount {} hold {} close_at {close_at}",
-                        request.card_id,
-                        request.amount,
-                        hold_id.unwrap_or_default()
-                    ),
+                    Evidence::Dispatched {
+                        card_id: request.card_id.clone(),
+                        amount: request.amount,
+                        hold: hold_id.unwrap_or_default(),
+                        close_at,
+                    },
                 );
                 for wave in &config.collection_waves_s {
                     let due = now.plus_seconds(*wave);
@@ -331,7 +331,7 @@ impl Agent {
                 context.effects.schedule(close_at, self.timer(AgentTimer::Close { sub: index }));
             }
             OrderKind::Payout => {
-                sub.note(now, "R-PAY-2", "grabbed", format!("card {}", request.card_id));
+                sub.note(now, "R-PAY-2", "grabbed", Evidence::Grabbed { card_id: request.card_id.clone() });
                 let due = now.plus_seconds(config.payout_pay_timeout_s);
                 context.effects.schedule(due, self.timer(AgentTimer::PayTimeout { sub: index }));
             }
@@ -475,7 +475,7 @@ impl Agent {
         record.confirm_generation += 1;
         record.matched_since_confirmation = false;
         let generation = record.confirm_generation;
-        record.note(now, "R-WAVE-2", "payment_confirmed", format!("utr {}", utr.as_deref().unwrap_or("none")));
+        record.note(now, "R-WAVE-2", "payment_confirmed", Evidence::Confirmed { utr: utr.clone() });
         if record.state == SubState::Paying {
             self.set_state(sub, SubState::Reviewing);
         }

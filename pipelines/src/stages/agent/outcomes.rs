@@ -2,7 +2,7 @@
 //! rejections (R-CLOSE-*, R-WAVE-2, R-ADMIN-1, R-ADMIN-3), and the end of a revival (R-POST-1).
 
 use super::state::Agent;
-use super::state::{EntryKind, Flag, HoldState, MatchRecord, SubState};
+use super::state::{EntryKind, Evidence, Flag, HoldState, MatchRecord, SubState};
 use super::{AgentTimer, Context};
 use crate::input::Provider;
 use crate::money::Money;
@@ -50,7 +50,7 @@ impl Agent {
         record.revived_from = None;
         record.lapses.clear();
         record.flags.remove(&Flag::Ambiguous);
-        record.note(now, "R-CLOSE-1", "closed", format!("state {state:?}, hold released"));
+        record.note(now, "R-CLOSE-1", "closed", Evidence::Ended { state, order_pending: false });
         let hold_id = record.hold_id;
         self.set_state(sub, state);
         if let Some(hold_id) = hold_id {
@@ -68,7 +68,7 @@ impl Agent {
         self.release_reservation(sub);
         let record = &mut self.subs[sub];
         record.lapses.clear();
-        record.note(now, rule, "ended", format!("state {state:?}, order back to pending"));
+        record.note(now, rule, "ended", Evidence::Ended { state, order_pending: true });
         self.set_state(sub, state);
         self.reply(sub, SubOutcome::PayoutReturned, context);
     }
@@ -93,19 +93,14 @@ impl Agent {
             now,
             record_match.rule,
             "success",
-            format!("txns {:?} actual {actual}: {}", record_match.txn_ids, record_match.explanation),
+            Evidence::Success { txn_ids: record_match.txn_ids.clone(), amount: actual },
         );
         record.matched = Some(record_match);
         let hold_id = record.hold_id;
         self.set_state(sub, SubState::Success);
         if let Some(hold_id) = hold_id {
             if revived {
-                self.subs[sub].note(
-                    now,
-                    "R-POST-2",
-                    "supplement_debit",
-                    "deferred debit of a released hold".to_string(),
-                );
+                self.subs[sub].note(now, "R-POST-2", "supplement_debit", "deferred debit of a released hold");
                 self.debit_released(hold_id, context.config.debt_sweep_interval_s, context.effects);
             } else {
                 self.consume(hold_id, now);
@@ -126,7 +121,7 @@ impl Agent {
             now,
             record_match.rule,
             "success",
-            format!("txns {:?} paid {}: {}", record_match.txn_ids, record.paid_total, record_match.explanation),
+            Evidence::Success { txn_ids: record_match.txn_ids.clone(), amount: record.paid_total },
         );
         record.matched = Some(record_match);
         let amount = record.amount;
@@ -191,7 +186,7 @@ impl Agent {
         let record_match = MatchRecord {
             rule: "R-ADMIN-1",
             txn_ids: record.matched_txn_ids.clone(),
-            explanation: "approved by an operator".to_string(),
+            explanation: Evidence::Text("approved by an operator"),
         };
         match record.kind {
             OrderKind::Collection => {
@@ -295,7 +290,7 @@ impl Agent {
             let record_match = MatchRecord {
                 rule,
                 txn_ids: record.matched_txn_ids.clone(),
-                explanation: format!("paid {paid_total} for {amount}"),
+                explanation: Evidence::Paid { paid: paid_total, amount },
             };
             return self.payout_success(sub, record_match, context);
         }

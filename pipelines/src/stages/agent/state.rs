@@ -145,7 +145,7 @@ pub struct Line {
 
 impl Line {
     /// A provider's line with its amount already parsed (see `Money::parse`).
-    pub fn from_statement(line: StatementLine, amount: Money) -> Line {
+    pub fn from_statement(amount: Money, line: StatementLine) -> Line {
         Line {
             amount,
             txn_id: line.txn_id,
@@ -321,7 +321,107 @@ pub struct Card {
 pub struct MatchRecord {
     pub rule: &'static str,
     pub txn_ids: Vec<String>,
-    pub explanation: String,
+    pub explanation: Evidence,
+}
+
+/// The evidence of a decision (R-AUDIT-1), kept as data and written out only when shown: decisions
+/// happen on every event, reading them is rare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    Text(&'static str),
+    Owned(String),
+    /// A check asked for a purpose.
+    Asked {
+        request_id: String,
+        purpose: PurposeKind,
+    },
+    /// A check answered with nothing for a purpose.
+    NothingFound {
+        purpose: PurposeKind,
+    },
+    Dispatched {
+        card_id: String,
+        amount: Money,
+        hold: u32,
+        close_at: Timestamp,
+    },
+    Grabbed {
+        card_id: String,
+    },
+    Confirmed {
+        utr: Option<String>,
+    },
+    /// A line inside a window (R-WIN-1).
+    Line {
+        txn_id: String,
+        amount: Money,
+        time: Timestamp,
+        lower: Timestamp,
+        upper: Timestamp,
+    },
+    Lines {
+        txn_ids: Vec<String>,
+        lower: Timestamp,
+        upper: Timestamp,
+    },
+    Success {
+        txn_ids: Vec<String>,
+        amount: Money,
+    },
+    Paid {
+        paid: Money,
+        amount: Money,
+    },
+    Ended {
+        state: SubState,
+        order_pending: bool,
+    },
+}
+
+impl std::fmt::Display for Evidence {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Evidence::Text(text) => formatter.write_str(text),
+            Evidence::Owned(text) => formatter.write_str(text),
+            Evidence::Asked { request_id, purpose } => write!(formatter, "{request_id} for {purpose:?}"),
+            Evidence::NothingFound { purpose } => write!(formatter, "{purpose:?}: nothing found"),
+            Evidence::Dispatched { card_id, amount, hold, close_at } => {
+                write!(formatter, "card {card_id} amount {amount} hold {hold} close_at {close_at}")
+            }
+            Evidence::Grabbed { card_id } => write!(formatter, "card {card_id}"),
+            Evidence::Confirmed { utr } => write!(formatter, "utr {}", utr.as_deref().unwrap_or("none")),
+            Evidence::Line { txn_id, amount, time, lower, upper } => {
+                write!(formatter, "txn {txn_id} amount {amount} time {time} window [{lower}, {upper}]")
+            }
+            Evidence::Lines { txn_ids, lower, upper } => {
+                write!(formatter, "txns {} window [{lower}, {upper}]", txn_ids.join(","))
+            }
+            Evidence::Success { txn_ids, amount } => write!(formatter, "txns {} amount {amount}", txn_ids.join(",")),
+            Evidence::Paid { paid, amount } => write!(formatter, "paid {paid} for {amount}"),
+            Evidence::Ended { state, order_pending: true } => {
+                write!(formatter, "state {state:?}, order back to pending")
+            }
+            Evidence::Ended { state, order_pending: false } => write!(formatter, "state {state:?}, hold released"),
+        }
+    }
+}
+
+impl Serialize for Evidence {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl From<String> for Evidence {
+    fn from(text: String) -> Evidence {
+        Evidence::Owned(text)
+    }
+}
+
+impl From<&'static str> for Evidence {
+    fn from(text: &'static str) -> Evidence {
+        Evidence::Text(text)
+    }
 }
 
 /// One decision on a sub-order (R-AUDIT-1).
@@ -330,7 +430,7 @@ pub struct TimelineEntry {
     pub at: Timestamp,
     pub rule: &'static str,
     pub event: &'static str,
-    pub evidence: String,
+    pub evidence: Evidence,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -384,8 +484,8 @@ pub struct SubOrder {
 }
 
 impl SubOrder {
-    pub fn note(&mut self, at: Timestamp, rule: &'static str, event: &'static str, evidence: String) {
-        self.timeline.push(TimelineEntry { at, rule, event, evidence });
+    pub fn note(&mut self, at: Timestamp, rule: &'static str, event: &'static str, evidence: impl Into<Evidence>) {
+        self.timeline.push(TimelineEntry { at, rule, event, evidence: evidence.into() });
     }
 
     /// Open for matching (SPEC §7 "Match rules"): live and not found, plus under-paid ones.
@@ -413,6 +513,8 @@ pub struct Agent {
     pub sub_index: HashMap<(String, u32), usize>,
     /// ERRORED lines of every card: (time, card, txn) (R-ERR-1).
     pub errored: BTreeSet<(Timestamp, String, String)>,
+    /// Earliest time of an ERRORED line added since the last count (R-ERR-1 counts only from there).
+    pub errored_unchecked_from: Option<Timestamp>,
     pub sweep_scheduled: bool,
 }
 
@@ -433,6 +535,7 @@ impl Agent {
             subs: Vec::new(),
             sub_index: HashMap::default(),
             errored: BTreeSet::new(),
+            errored_unchecked_from: None,
             sweep_scheduled: false,
         }
     }
