@@ -152,3 +152,82 @@ fn every_rule_of_the_spec_is_cited_by_a_scenario() {
     let missing: Vec<&String> = rules.difference(&cited).collect();
     assert!(missing.is_empty(), "rule ids no scenario cites: {missing:?}");
 }
+
+/// R-CHK-1's timeout cannot be reached through replay (the simulated provider always answers within
+/// `crawl_latency` < `crawl_timeout`), so this drives the engine without a provider, as the services do,
+/// and answers (or not) by hand.
+#[test]
+fn a_check_without_answer_counts_as_busy_and_a_late_answer_is_ignored() {
+    use pipelines::input::{parse_line, Parsed};
+    use pipelines::{Config, Engine};
+    let mut engine = Engine::new(Config::default(), None);
+    let lines = [
+        r#"{"type":"merchant_registered","at":"2026-03-02T09:00:00Z","merchant_id":"m","collection_fee_rate":"0.00","payout_fee_rate":"0.00","payout_fee_fixed":"0.00"}"#,
+        r#"{"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u","telegram_bound":false}"#,
+        r#"{"type":"card_bound","at":"2026-03-02T09:00:00Z","user_id":"u","card_id":"k","provider":"paytm"}"#,
+        r#"{"type":"user_recharge","at":"2026-03-02T09:00:00Z","user_id":"u","amount":"500.00","commission":"0.00"}"#,
+        r#"{"type":"collection_created","at":"2026-03-02T09:00:00Z","order_id":"o","merchant_id":"m","amount":"100.00"}"#,
+        r#"{"type":"collection_dispatched","at":"2026-03-02T09:00:00Z","order_id":"o","user_id":"u","card_id":"k"}"#,
+        // Nobody answers k:1 (asked at 09:02:00): at 09:03:00 it counts as busy, retried at 09:03:30 as k:2.
+        r#"{"type":"tick","at":"2026-03-02T09:03:40Z"}"#,
+        // The late answer to k:1 is ignored; the answer to k:2 matches.
+        r#"{"type":"crawl_result","at":"2026-03-02T09:03:41Z","request_id":"k:1","user_id":"u","card_id":"k","ok":true,"lines":[{"txn_id":"L0","utr":null,"direction":"in","amount":"100.00","status":"success","time":"2026-03-02T09:01:00Z","counterparty":{}}]}"#,
+        r#"{"type":"crawl_result","at":"2026-03-02T09:03:42Z","request_id":"k:2","user_id":"u","card_id":"k","ok":true,"lines":[{"txn_id":"L1","utr":"777","direction":"in","amount":"100.00","status":"success","time":"2026-03-02T09:01:00Z","counterparty":{}}]}"#,
+    ];
+    for (index, line) in lines.iter().enumerate() {
+        let Ok(Parsed::Input(input)) = parse_line(line, || format!("line:{}", index + 1)) else {
+            panic!("line {} does not parse", index + 1)
+        };
+        engine.apply(input);
+    }
+    let document: Value = serde_json::to_value(engine.document()).expect("document");
+    let requests: Vec<(String, String)> = document["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .filter(|output| output["type"] == "crawl_requested")
+        .map(|output| {
+            (
+                output["request_id"].as_str().unwrap_or_default().to_string(),
+                output["at"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        requests,
+        vec![
+            ("k:1".to_string(), "2026-03-02T09:02:00Z".to_string()),
+            ("k:2".to_string(), "2026-03-02T09:03:30Z".to_string())
+        ]
+    );
+    let sub = &document["orders"]["o"]["sub_orders"][0];
+    assert_eq!(sub["state"], "success");
+    assert_eq!(sub["matched_txn_ids"], serde_json::json!(["L1"]), "the late answer to k:1 changed nothing");
+    assert_eq!(document["orders"]["o"]["utr"], "777");
+    assert!(
+        document["outputs"].as_array().expect("outputs").iter().all(|output| output["type"] != "command_rejected"),
+        "an ignored answer is not a rejection"
+    );
+}
+
+/// The README's replay example is the quick-start scenario and prints exactly the state it shows.
+#[test]
+fn the_readme_example_prints_what_the_readme_shows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let block = |fence: &str| -> String {
+        let start = readme.find(fence).unwrap_or_else(|| panic!("README has no {fence} block")) + fence.len();
+        let end = readme[start..].find("\n```").expect("closed block") + start;
+        readme[start..end].trim_start_matches('\n').to_string()
+    };
+    let scenario = block("```jsonl\n");
+    let quickstart = std::fs::read_to_string(root.join("examples/quickstart.jsonl")).expect("quick-start scenario");
+    assert_eq!(scenario.trim_end(), quickstart.trim_end(), "README scenario differs from examples/quickstart.jsonl");
+    let shown = block("```json\n");
+    let printed = replay_to_json(&quickstart).expect("the quick-start replays");
+    assert_eq!(
+        printed.trim_end(),
+        shown.trim_end(),
+        "README output differs from `paisa replay examples/quickstart.jsonl`"
+    );
+}

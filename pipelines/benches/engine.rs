@@ -58,7 +58,11 @@ fn describe(inputs: Vec<Input>) -> String {
         .values()
         .filter(|agent| agent.status == pipelines::stages::agent::state::AgentStatus::Banned)
         .count();
-    format!("orders {states:?}, banned agents {banned}, outputs {}", engine.outputs().len())
+    format!(
+        "orders {states:?}, banned agents {banned}, outputs {}, provider answers (crawl_result log events) {}",
+        engine.outputs().len(),
+        engine.provider_answers()
+    )
 }
 
 fn bench(criterion: &mut Criterion) {

@@ -29,7 +29,13 @@ fn main() {
         engine.advance_to(last);
     }
     let elapsed = started.elapsed();
-    println!("{events} events in {elapsed:?}: {:.0} events/s", events as f64 / elapsed.as_secs_f64());
+    let answers = engine.provider_answers() as usize;
+    println!(
+        "{events} input events ({} with the provider's crawl_result answers) in {elapsed:?}: {:.0} inputs/s, {:.0} log events/s",
+        events + answers,
+        events as f64 / elapsed.as_secs_f64(),
+        (events + answers) as f64 / elapsed.as_secs_f64()
+    );
     if std::env::var("STATS").is_ok() {
         let agents = &engine.agents.agents;
         let cards: Vec<_> = agents.values().flat_map(|agent| agent.cards.values()).collect();

@@ -32,6 +32,9 @@ pub struct Engine {
     seen_event_ids: HashSet<String>,
     outputs: Vec<Output>,
     effects: Effects,
+    /// `crawl_result`s the simulated provider produced: log events in a deployment (the connector
+    /// appends them), counted for throughput figures.
+    provider_answers: u64,
     /// The FIFO of internal events, kept between inputs to reuse its buffer.
     queue: VecDeque<Work>,
 }
@@ -51,6 +54,7 @@ impl Engine {
             outputs: Vec::new(),
             effects: Effects::default(),
             queue: VecDeque::new(),
+            provider_answers: 0,
         }
     }
 
@@ -66,6 +70,11 @@ impl Engine {
     /// Hands the outputs so far to the caller (services stream them; replay keeps them).
     pub fn take_outputs(&mut self) -> Vec<Output> {
         std::mem::take(&mut self.outputs)
+    }
+
+    /// `crawl_result` answers the simulated provider produced so far.
+    pub fn provider_answers(&self) -> u64 {
+        self.provider_answers
     }
 
     /// Timers waiting (for tests and metrics).
@@ -216,6 +225,7 @@ impl Engine {
                 let result = provider.result(&request, effects.now);
                 // The answer is an ordinary input of the agent stage (SPEC §9).
                 let event_id = format!("provider:{}", request.request_id);
+                self.provider_answers += 1;
                 if self.seen_event_ids.insert(event_id.clone()) {
                     queue.push_back(Work::Message(Message::Agent {
                         user_id: request.user_id.clone(),
