@@ -142,6 +142,32 @@ impl Agent {
         decisions
     }
 
+    /// Free, successful `in` lines inside the sub-order's window whose amount equals its amount and
+    /// whose UTR belongs to no other open sub-order (R-MATCH-C2 with `without_utr_field`, R-MATCH-C3).
+    fn incoming_of_amount(
+        &self,
+        card: &Card,
+        sub: usize,
+        check_time: Timestamp,
+        owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context,
+        without_utr_field: bool,
+    ) -> Vec<String> {
+        let record = &self.subs[sub];
+        let (lower, upper) = window(record, check_time, context);
+        in_window(&card.bill, lower, upper)
+            .filter(|line| {
+                free(line)
+                    && (!without_utr_field || !line.line.utr_supported)
+                    && line.line.direction == Direction::In
+                    && line.line.status == LineStatus::Success
+                    && line.line.amount.within(record.amount, context.config.amount_tolerance)
+                    && !owned_by_other(line, sub)
+            })
+            .map(|line| line.line.txn_id.clone())
+            .collect()
+    }
+
     /// R-MATCH-C2: a UTR-less (`utr_supported = false`) line paired one-to-one with a sub-order by amount.
     fn pass_c2(
         &self,
@@ -151,7 +177,6 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
     ) -> Vec<Decision> {
-        let tolerance = context.config.amount_tolerance;
         let mut lines_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         let mut subs_of: HashMap<String, usize> = HashMap::default();
         for &sub in subs {
@@ -159,18 +184,7 @@ impl Agent {
             if record.utrs.is_empty() || record.found {
                 continue;
             }
-            let (lower, upper) = window(record, check_time, context);
-            let lines: Vec<String> = in_window(&card.bill, lower, upper)
-                .filter(|line| {
-                    free(line)
-                        && !line.line.utr_supported
-                        && line.line.direction == Direction::In
-                        && line.line.status == LineStatus::Success
-                        && line.line.amount.within(record.amount, tolerance)
-                        && !owned_by_other(line, sub)
-                })
-                .map(|line| line.line.txn_id.clone())
-                .collect();
+            let lines = self.incoming_of_amount(card, sub, check_time, owned_by_other, context, true);
             for txn_id in &lines {
                 *subs_of.entry(txn_id.clone()).or_default() += 1;
             }
@@ -199,24 +213,13 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
     ) -> Vec<Decision> {
-        let tolerance = context.config.amount_tolerance;
         let mut groups: BTreeMap<Money, Vec<(usize, Vec<String>)>> = BTreeMap::new();
         for &sub in subs {
             let record = &self.subs[sub];
             if !record.utrs.is_empty() || record.found {
                 continue;
             }
-            let (lower, upper) = window(record, check_time, context);
-            let lines: Vec<String> = in_window(&card.bill, lower, upper)
-                .filter(|line| {
-                    free(line)
-                        && line.line.direction == Direction::In
-                        && line.line.status == LineStatus::Success
-                        && line.line.amount.within(record.amount, tolerance)
-                        && !owned_by_other(line, sub)
-                })
-                .map(|line| line.line.txn_id.clone())
-                .collect();
+            let lines = self.incoming_of_amount(card, sub, check_time, owned_by_other, context, false);
             if !lines.is_empty() {
                 groups.entry(record.amount).or_default().push((sub, lines));
             }
