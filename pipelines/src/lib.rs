@@ -26,3 +26,24 @@ pub use engine::Engine;
 pub use input::Input;
 pub use money::Money;
 pub use time::Timestamp;
+
+/// Everything the engine refuses, as one type for callers. The pure core does no I/O, so nothing here
+/// is retryable: each variant is bad input that the same bytes will always fail (a service dead-letters
+/// it, replay stops with exit 2). Retryable failures (a broker, a store, a provider) belong to the crates
+/// that do I/O.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Parse(#[from] input::ParseError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Scenario(#[from] replay::ScenarioError),
+}
+
+impl Error {
+    /// Always false for the pure engine (see the type's documentation).
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
