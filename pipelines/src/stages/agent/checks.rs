@@ -235,7 +235,11 @@ impl Agent {
         }
         let now = context.effects.now;
         let record = &mut self.subs[sub];
+        let ambiguous = record.flags.contains(&Flag::Ambiguous);
         match purpose.kind {
+            // R-MATCH-C3: a close check leaves an ambiguous sub-order in review; a skipped one too.
+            PurposeKind::Close if ambiguous => {}
+            PurposeKind::ConfirmSecond if ambiguous => {}
             PurposeKind::Close => {
                 record.flags.insert(Flag::AwaitReauth);
                 record.lapses.insert(Lapse::Close);
@@ -397,7 +401,11 @@ impl Agent {
                 self.close_collection(sub, SubState::PaymentTimeout, context);
             }
             // A found (under-paid) sub-order is past the user-submission rule and follows its flag's rule.
-            PurposeKind::ConfirmSecond if !self.subs[sub].found => self.user_submission_missed(sub, context),
+            // A found (or ambiguous: its lines are there, only undecided, R-MATCH-C3) sub-order is past the
+            // user-submission rule.
+            PurposeKind::ConfirmSecond if !self.subs[sub].found && !self.subs[sub].flags.contains(&Flag::Ambiguous) => {
+                self.user_submission_missed(sub, context)
+            }
             PurposeKind::PayFinal => {
                 self.subs[sub].note(now, "R-PAY-1", "pay_timeout", "final check found nothing".to_string());
                 self.payout_returned(sub, SubState::PaymentTimeout, "R-PAY-1", context);
@@ -429,6 +437,11 @@ impl Agent {
                 continue;
             }
             record.note(context.effects.now, "R-REAUTH-1", "lapsed_rules", format!("{lapses:?}"));
+            let ambiguous = record.flags.contains(&Flag::Ambiguous);
+            if ambiguous && record.revived_from.is_none() {
+                // R-MATCH-C3: an ambiguous sub-order stays in review; later checks re-evaluate it.
+                continue;
+            }
             if lapses.contains(&Lapse::SecondWave) && record.state == SubState::Reviewing && !record.found {
                 self.user_submission_missed(sub, context);
             } else if lapses.contains(&Lapse::Close) && record.kind == OrderKind::Collection && !record.found {
@@ -647,7 +660,9 @@ impl Agent {
     pub(crate) fn look_then_check(&mut self, sub: usize, purpose: PurposeKind, context: &mut Context) {
         let now = context.effects.now;
         let card_id = self.subs[sub].card_id.clone();
-        self.run_matching(&card_id, now, Some(sub), context);
+        // The lookup runs the match rules over every open sub-order of the card, so that C3's counts
+        // (k, n) include the others and a revival cannot take a line they are ambiguous about.
+        self.run_matching(&card_id, now, None, context);
         let record = &mut self.subs[sub];
         if record.found || !record.state.is_live() {
             return;

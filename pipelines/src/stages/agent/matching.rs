@@ -213,7 +213,7 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
     ) -> Vec<Decision> {
-        let mut groups: BTreeMap<Money, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+        let mut candidates: Vec<(usize, Vec<String>)> = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
             if !record.utrs.is_empty() || record.found {
@@ -221,11 +221,14 @@ impl Agent {
             }
             let lines = self.incoming_of_amount(card, sub, check_time, owned_by_other, context, false);
             if !lines.is_empty() {
-                groups.entry(record.amount).or_default().push((sub, lines));
+                candidates.push((sub, lines));
             }
         }
+        // "For each amount": amounts are equal within the tolerance, so a line can be equal to two
+        // different order amounts. Sub-orders are grouped by the lines they could take (connected
+        // components), which keeps every line in one group and so matched at most once (R-WIN-3).
         let mut decisions = Vec::new();
-        for (_, group) in groups {
+        for group in equal_amount_groups(candidates) {
             let k = group.len();
             let union: BTreeSet<&String> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
             let n = union.len();
@@ -328,9 +331,15 @@ impl Agent {
         decisions
     }
 
+    /// Matches a free line to a sub-order; `None` if the line is gone or already used (R-WIN-3 is a
+    /// guard here, not only an assertion: a line is never matched twice).
     fn take_line(&mut self, card_id: &str, sub: usize, txn_id: &str) -> Option<Line> {
         let line = self.cards.get_mut(card_id)?.bill.get_mut(txn_id)?;
-        debug_assert!(line.used_by.is_none(), "R-WIN-3: a line is matched at most once");
+        if line.used_by.is_some() || line.reserved_by.is_some_and(|holder| holder != sub) {
+            debug_assert!(false, "R-WIN-3: line {txn_id} offered twice");
+            return None;
+        }
+        line.reserved_by = None;
         line.used_by = Some(sub);
         let record = &mut self.subs[sub];
         record.matched_txn_ids.push(txn_id.to_string());
@@ -422,4 +431,34 @@ enum Pass {
     C3,
     P1,
     P2,
+}
+
+/// Splits C3 candidates into groups of sub-orders linked by a line they could both take, each group
+/// in creation order (union-find over the candidate lines).
+fn equal_amount_groups(candidates: Vec<(usize, Vec<String>)>) -> Vec<Vec<(usize, Vec<String>)>> {
+    let mut parent: Vec<usize> = (0..candidates.len()).collect();
+    fn root(parent: &mut [usize], mut node: usize) -> usize {
+        while parent[node] != node {
+            parent[node] = parent[parent[node]];
+            node = parent[node];
+        }
+        node
+    }
+    let mut owner_of_line: HashMap<&str, usize> = HashMap::default();
+    for (index, (_, lines)) in candidates.iter().enumerate() {
+        for line in lines {
+            if let Some(&other) = owner_of_line.get(line.as_str()) {
+                let (a, b) = (root(&mut parent, index), root(&mut parent, other));
+                parent[a.max(b)] = a.min(b);
+            } else {
+                owner_of_line.insert(line.as_str(), index);
+            }
+        }
+    }
+    let roots: Vec<usize> = (0..candidates.len()).map(|index| root(&mut parent, index)).collect();
+    let mut groups: BTreeMap<usize, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+    for (index, candidate) in candidates.into_iter().enumerate() {
+        groups.entry(roots[index]).or_default().push(candidate);
+    }
+    groups.into_values().collect()
 }

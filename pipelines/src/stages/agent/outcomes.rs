@@ -144,6 +144,7 @@ impl Agent {
         };
         record.flags.remove(&Flag::Revived);
         record.flags.remove(&Flag::AwaitReauth);
+        record.flags.remove(&Flag::Ambiguous);
         record.lapses.clear();
         record.note(now, "R-POST-1", "revival_missed", format!("back to {previous:?}"));
         self.release_reservation(sub);
