@@ -37,11 +37,9 @@ impl Money {
             return Err(MoneyError::NotADecimal(text.to_string()));
         }
         let value = Decimal::from_str_exact(trimmed).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
+        // Decimals count as written: "1.500" has three (SPEC §5, R-IN-1), even though it equals 1.50.
         if value.scale() > 2 {
-            let normalized = value.normalize();
-            if normalized.scale() > 2 {
-                return Err(MoneyError::TooPrecise(text.to_string()));
-            }
+            return Err(MoneyError::TooPrecise(text.to_string()));
         }
         Ok(Money::from_decimal(value))
     }
@@ -193,7 +191,7 @@ mod tests {
         assert_eq!(Money::parse("100").unwrap().to_string(), "100.00");
         assert_eq!(Money::parse("456.5").unwrap().to_string(), "456.50");
         assert_eq!(Money::parse("1.50").unwrap().to_string(), "1.50");
-        assert_eq!(Money::parse("1.500").unwrap().to_string(), "1.50");
+        assert!(matches!(Money::parse("1.500"), Err(MoneyError::TooPrecise(_))));
         assert!(matches!(Money::parse("1.005"), Err(MoneyError::TooPrecise(_))));
         assert!(matches!(Money::parse("abc"), Err(MoneyError::NotADecimal(_))));
         assert!(matches!(Money::parse("1e3"), Err(MoneyError::NotADecimal(_))));
