@@ -65,7 +65,22 @@ fn describe(inputs: Vec<Input>) -> String {
     )
 }
 
+/// `WARM_MEMORY=1`: the allocator keeps freed pages (no purge) and uses large OS pages, so a sample
+/// reuses the memory of the previous one instead of faulting fresh pages in. On this VM the cost of
+/// page faults varies several-fold between runs; warm figures show the engine's own cost.
+fn configure_allocator() {
+    if std::env::var_os("WARM_MEMORY").is_some() {
+        const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15; // mi_option_purge_delay (mimalloc v3)
+                                                              // SAFETY: setting allocator options before the measured work; both are plain integer options.
+        unsafe {
+            libmimalloc_sys::mi_option_set(PURGE_DELAY, -1);
+            libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1);
+        }
+    }
+}
+
 fn bench(criterion: &mut Criterion) {
+    configure_allocator();
     let agents = env_or("WORKLOAD_AGENTS", 5_000);
     let rounds = env_or("WORKLOAD_ROUNDS", 20);
     let inputs = workload(agents, rounds);
