@@ -163,10 +163,10 @@ impl OrderStage {
                 );
             }
             Command::CollectionDispatched(dispatch) => {
-                self.dispatch(order_id, event_id, OrderKind::Collection, &dispatch.user_id, &dispatch.card_id, effects)
+                self.dispatch(order_id, OrderKind::Collection, &dispatch.user_id, &dispatch.card_id, effects)
             }
             Command::PayoutGrabbed(grab) => {
-                self.dispatch(order_id, event_id, OrderKind::Payout, &grab.user_id, &grab.card_id, effects)
+                self.dispatch(order_id, OrderKind::Payout, &grab.user_id, &grab.card_id, effects)
             }
             _ => self.route(order_id, event_id, command, effects),
         }
@@ -228,15 +228,7 @@ impl OrderStage {
     }
 
     /// R-DSP-1 / R-PAY-2: the order-level checks; the agent stage does the rest, in the rule's order.
-    fn dispatch(
-        &mut self,
-        order_id: &str,
-        event_id: &str,
-        kind: OrderKind,
-        user_id: &str,
-        card_id: &str,
-        effects: &mut Effects,
-    ) {
+    fn dispatch(&mut self, order_id: &str, kind: OrderKind, user_id: &str, card_id: &str, effects: &mut Effects) {
         let order = match self.orders.get_mut(order_id) {
             Some(order) if !order.creating && order.kind == kind => order,
             _ => {
@@ -270,7 +262,6 @@ impl OrderStage {
             // payment_confirmed events (SPEC §4).
             utr: if kind == OrderKind::Collection { order.utr.clone() } else { None },
         };
-        let _ = event_id;
         effects.send(Message::Agent { user_id: user_id.to_string(), body: AgentBody::Dispatch(request) });
     }
 
@@ -279,7 +270,7 @@ impl OrderStage {
         let Some(order) = self.orders.get_mut(order_id).filter(|order| !order.creating) else {
             return refuse(effects, event_id, &command, Reason::UnknownOrder, format!("no order {order_id}"));
         };
-        let sub_command = match order_command(order, &command, effects.now) {
+        let sub_command = match order_command(order, &command) {
             Ok(Routing::Forward(sub_command)) => sub_command,
             Ok(Routing::CancelPending) => return cancel_pending(order, effects),
             Err(rejection) => return effects.reject(event_id, command.type_name(), rejection),
@@ -375,10 +366,9 @@ fn invalid(order: &MainOrder, command: &Command) -> Rejection {
 }
 
 /// Decides what an order command means for this order (R-WAVE-2, R-CLOSE-3, R-POST-1, R-ADMIN-*).
-fn order_command(order: &MainOrder, command: &Command, now: Timestamp) -> Result<Routing, Rejection> {
+fn order_command(order: &MainOrder, command: &Command) -> Result<Routing, Rejection> {
     use OrderKind::{Collection, Payout};
     use OrderState::{Cancelled, InProgress, Pending, Success};
-    let _ = now;
     let no_live = || Rejection::new(Reason::NoLiveSubOrder, format!("order {} has no live sub-order", order.order_id));
     match command {
         Command::PaymentConfirmed(confirmed) => match order.state {

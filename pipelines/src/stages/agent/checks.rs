@@ -378,7 +378,7 @@ impl Agent {
 
     /// Merge, count ERRORED lines, match, then resolve pending lines (R-CHK-1, R-ERR-1, R-PEND-1).
     fn apply_statement(&mut self, card_id: &str, lines: Vec<Line>, check_time: Timestamp, context: &mut Context) {
-        let changed = self.merge(card_id, lines, context);
+        let changed = self.merge(card_id, lines);
         self.count_errored(context);
         self.run_matching(card_id, check_time, None, context);
         self.resolve_changed_lines(card_id, changed, context);
@@ -554,7 +554,7 @@ impl Agent {
         match reason {
             DetailReason::Pending => {
                 if let Some(line) = line {
-                    let changed = self.merge(card_id, vec![line], context);
+                    let changed = self.merge(card_id, vec![line]);
                     self.resolve_changed_lines(card_id, changed, context);
                 }
             }
@@ -580,7 +580,7 @@ impl Agent {
             return self.ifsc_unverified(card_id, sub, txn_id, context);
         };
         let line_ifsc = line.payee_ifsc.clone();
-        let changed = self.merge(card_id, vec![line], context);
+        let changed = self.merge(card_id, vec![line]);
         let payee_ifsc = self.subs[sub].payee.as_ref().and_then(|payee| payee.ifsc.clone());
         let equal = match (payee_ifsc, line_ifsc) {
             (Some(payee), Some(line)) => payee.eq_ignore_ascii_case(&line),

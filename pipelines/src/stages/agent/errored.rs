@@ -8,8 +8,7 @@ use crate::output::{NotificationKind, OutputBody};
 impl Agent {
     /// Merges fetched lines into the card's bill table; status updates of known lines overwrite.
     /// Returns the txn ids of matched lines whose status changed.
-    pub(crate) fn merge(&mut self, card_id: &str, lines: Vec<Line>, context: &mut Context) -> Vec<String> {
-        let _ = context;
+    pub(crate) fn merge(&mut self, card_id: &str, lines: Vec<Line>) -> Vec<String> {
         let Some(card) = self.cards.get_mut(card_id) else {
             return Vec::new();
         };
