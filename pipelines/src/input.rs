@@ -74,8 +74,32 @@ pub struct Party {
     pub ifsc: Option<String>,
 }
 
+/// The other side of a statement line (SPEC §5): shown, and matched against payees (R-MATCH-P1).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counterparty {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_last4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpa: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
 fn default_true() -> bool {
     true
+}
+
+/// SPEC §3: optional fields may be absent or `null`; `utr_supported` defaults to true either way.
+fn true_when_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(deserializer)?.unwrap_or(true))
+}
+
+/// SPEC §3: an optional object given as `null` is the same as an absent one.
+fn default_when_null<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// One wallet transaction as a provider reports it (SPEC §5).
@@ -85,14 +109,14 @@ pub struct StatementLine {
     pub txn_id: String,
     #[serde(default)]
     pub utr: Option<String>,
-    #[serde(default = "default_true")]
+    #[serde(default = "default_true", deserialize_with = "true_when_null")]
     pub utr_supported: bool,
     pub direction: Direction,
     pub amount: String,
     pub status: LineStatus,
     pub time: Timestamp,
-    #[serde(default)]
-    pub counterparty: Party,
+    #[serde(default, deserialize_with = "default_when_null")]
+    pub counterparty: Counterparty,
     /// Present only in detail answers (and on `wallet_line` events, for the simulated provider).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payee_ifsc: Option<String>,
@@ -129,7 +153,7 @@ input_structs! {
         #[serde(default)] expires_at: Option<Timestamp> }
     PayoutGrabbed { order_id: String, user_id: String, card_id: String }
     CrawlResult { request_id: String, user_id: String, card_id: String, ok: bool,
-        #[serde(default)] error: Option<CrawlError>, #[serde(default)] lines: Vec<std::sync::Arc<StatementLine>>,
+        #[serde(default)] error: Option<CrawlError>, lines: Vec<std::sync::Arc<StatementLine>>,
         #[serde(default)] next_from: Option<Timestamp> }
     CardReauthenticated { user_id: String, card_id: String }
     AdminApprove { order_id: String, operator: String, #[serde(default)] amount: Option<String> }

@@ -35,7 +35,7 @@ fn line(
         amount: amount.to_string(),
         status,
         time,
-        counterparty: Party { account_last4: last4.map(str::to_string), ..Party::default() },
+        counterparty: Counterparty { account_last4: last4.map(str::to_string), ..Counterparty::default() },
         payee_ifsc: None,
     }
 }

@@ -398,7 +398,7 @@ impl Agent {
         record.note(now, "R-CHK-1", "check_answered", Evidence::NothingFound { purpose: purpose.kind });
         match purpose.kind {
             PurposeKind::Close if record.state == SubState::Paying => {
-                self.close_collection(sub, SubState::PaymentTimeout, context);
+                self.close_collection(sub, SubState::PaymentTimeout, "R-CLOSE-1", context);
             }
             // A found (under-paid) sub-order is past the user-submission rule and follows its flag's rule.
             // A found (or ambiguous: its lines are there, only undecided, R-MATCH-C3) sub-order is past the
@@ -448,7 +448,7 @@ impl Agent {
                 if record.revived_from.is_some() {
                     self.end_revival(sub, context);
                 } else {
-                    self.close_collection(sub, SubState::Cancelled, context);
+                    self.close_collection(sub, SubState::Cancelled, "R-REAUTH-1", context);
                 }
             } else if lapses.contains(&Lapse::PayTimeout) && record.state == SubState::Paying {
                 self.payout_returned(sub, SubState::PaymentTimeout, "R-REAUTH-1", context);
@@ -496,9 +496,10 @@ impl Agent {
         };
         card.auth = CardAuth::Authenticated;
         card.reauth_notified = false;
-        let live: Vec<usize> = card.live_subs.iter().copied().collect();
-        for sub in live {
-            if self.subs[sub].flags.remove(&Flag::AwaitReauth) {
+        // Every sub-order of the card, final ones included (R-REAUTH-1: "await_reauth flags on it are
+        // cleared"); re-authentication is rare, so scanning the agent's sub-orders is fine.
+        for sub in 0..self.subs.len() {
+            if self.subs[sub].card_id == card_id && self.subs[sub].flags.remove(&Flag::AwaitReauth) {
                 self.subs[sub].note(now, "R-REAUTH-1", "reauthenticated", "await_reauth cleared".to_string());
             }
         }

@@ -3,7 +3,7 @@
 
 use super::state::*;
 use super::Context;
-use crate::input::{Direction, LineStatus, Party, Provider};
+use crate::input::{Counterparty, Direction, LineStatus, Party, Provider};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
@@ -18,7 +18,7 @@ fn window(record: &SubOrder, check_time: Timestamp, context: &Context) -> (Times
 }
 
 /// Payee identity (R-MATCH-P1): at least one of last4 / vpa on both sides, and all shared ones equal.
-pub fn payee_matches(payee: &Party, counterparty: &Party) -> bool {
+pub fn payee_matches(payee: &Party, counterparty: &Counterparty) -> bool {
     let last4 = match (&payee.account_last4, &counterparty.account_last4) {
         (Some(a), Some(b)) => Some(a == b),
         _ => None,
@@ -361,6 +361,8 @@ impl Agent {
                         bill_line.line.utr = Some(utr);
                     }
                 }
+                // A pairing resolves ambiguity (SPEC §4), whatever the rule that paired the line.
+                self.subs[sub].flags.remove(&Flag::Ambiguous);
                 let record = &mut self.subs[sub];
                 let (lower, upper) = window(record, check_time, context);
                 let evidence =

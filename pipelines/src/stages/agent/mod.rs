@@ -396,7 +396,7 @@ impl Agent {
                 }
                 OrderKind::Collection if state.is_live() => {
                     self.subs[sub].note(now, "R-CLOSE-3", "cancelled", format!("by {by:?}"));
-                    self.close_collection(sub, SubState::Cancelled, context);
+                    self.close_collection(sub, SubState::Cancelled, "R-CLOSE-3", context);
                     Ok(())
                 }
                 OrderKind::Payout if state == SubState::Paying => {

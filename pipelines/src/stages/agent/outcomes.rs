@@ -41,7 +41,7 @@ impl Agent {
 
     /// A collection ends without success: `payment_timeout` (R-CLOSE-1), `cancelled` (R-CLOSE-3,
     /// R-WAVE-2, R-REAUTH-1) or `rejected` (R-ADMIN-1). The hold is released, the order cancelled.
-    pub(crate) fn close_collection(&mut self, sub: usize, state: SubState, context: &mut Context) {
+    pub(crate) fn close_collection(&mut self, sub: usize, state: SubState, rule: &'static str, context: &mut Context) {
         debug_assert_eq!(self.subs[sub].kind, OrderKind::Collection);
         let now = context.effects.now;
         self.release_reservation(sub);
@@ -50,7 +50,7 @@ impl Agent {
         record.revived_from = None;
         record.lapses.clear();
         record.flags.remove(&Flag::Ambiguous);
-        record.note(now, "R-CLOSE-1", "closed", Evidence::Ended { state, order_pending: false });
+        record.note(now, rule, "closed", Evidence::Ended { state, order_pending: false });
         let hold_id = record.hold_id;
         self.set_state(sub, state);
         if let Some(hold_id) = hold_id {
@@ -176,7 +176,7 @@ impl Agent {
     /// R-WAVE-2's user-submission rule: the second wave found nothing.
     pub(crate) fn user_submission_missed(&mut self, sub: usize, context: &mut Context) {
         match self.subs[sub].kind {
-            OrderKind::Collection => self.close_collection(sub, SubState::Cancelled, context),
+            OrderKind::Collection => self.close_collection(sub, SubState::Cancelled, "R-WAVE-2", context),
             OrderKind::Payout => self.payout_returned(sub, SubState::Rejected, "R-WAVE-2", context),
         }
     }
@@ -205,7 +205,7 @@ impl Agent {
             OrderKind::Collection if record.revived_from.is_some() => self.end_revival(sub, context),
             OrderKind::Collection => {
                 self.subs[sub].note(context.effects.now, "R-ADMIN-1", "rejected", "by an operator".to_string());
-                self.close_collection(sub, SubState::Rejected, context)
+                self.close_collection(sub, SubState::Rejected, "R-ADMIN-1", context)
             }
             OrderKind::Payout => self.payout_returned(sub, SubState::Rejected, "R-ADMIN-1", context),
         }
@@ -217,7 +217,13 @@ impl Agent {
             return;
         };
         let refund = self.refund_hold(hold_id, context.effects);
-        self.subs[sub].note(context.effects.now, "R-ADMIN-3", "corrected", format!("refund {refund}"));
+        let record = &mut self.subs[sub];
+        record.note(context.effects.now, "R-ADMIN-3", "corrected", format!("refund {refund}"));
+        // The success was a misjudgment: the sub-order is no longer `found` (a supplement may revive it
+        // and match another line), its line stays used (R-WIN-3) and listed as evidence, and the
+        // correction is its close (R-WIN-2).
+        record.found = false;
+        record.closed_at = Some(context.effects.now);
         self.set_state(sub, SubState::Cancelled);
         self.reply(sub, SubOutcome::CollectionCorrected, context);
     }

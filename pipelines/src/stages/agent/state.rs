@@ -1,6 +1,6 @@
 //! The agent stage's state (SPEC §4): agents, cards, holds, sub-orders, bill tables, journals.
 
-use crate::input::{Direction, LineStatus, Party, Provider, StatementLine};
+use crate::input::{Counterparty, Direction, LineStatus, Party, Provider, StatementLine};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
@@ -63,8 +63,8 @@ impl SubState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Flag {
-    AmountMismatch,
     Ambiguous,
+    AmountMismatch,
     AwaitReauth,
     BillPending,
     HisExhausted,
@@ -139,7 +139,7 @@ pub struct Line {
     pub amount: Money,
     pub status: LineStatus,
     pub time: Timestamp,
-    pub counterparty: Party,
+    pub counterparty: Counterparty,
     pub payee_ifsc: Option<String>,
 }
 
@@ -547,5 +547,33 @@ impl Agent {
     /// `dispatch_eligible` (SPEC §4): active and nothing deferred.
     pub fn dispatch_eligible(&self) -> bool {
         self.status == AgentStatus::Active && self.deferred.is_zero()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Flag;
+
+    /// SPEC §9 lists flags sorted; a `BTreeSet<Flag>` iterates in declaration order, so the declaration
+    /// must be alphabetical by the serialized name.
+    #[test]
+    fn flags_are_declared_in_alphabetical_order() {
+        let flags = [
+            Flag::Ambiguous,
+            Flag::AmountMismatch,
+            Flag::AwaitReauth,
+            Flag::BillPending,
+            Flag::HisExhausted,
+            Flag::IfscUnverified,
+            Flag::Revived,
+            Flag::Underpaid,
+        ];
+        let names: Vec<String> = flags.iter().map(|flag| serde_json::to_string(flag).unwrap_or_default()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        let mut declared = flags.to_vec();
+        declared.sort();
+        assert_eq!(declared, flags.to_vec(), "declaration order is the listed order");
     }
 }
