@@ -55,11 +55,17 @@ impl Agent {
                     self.on_answer(&card_id, request, Some(CrawlError::UpstreamBusy), Page::empty(), None, context);
                 }
             }
-            AgentTimer::CrawlRetry { card_id } => {
+            AgentTimer::CrawlRetry { card_id, generation } => {
                 let Some(card) = self.cards.get_mut(&card_id) else {
                     return;
                 };
+                if !card.check.retry_scheduled || card.check.retry_generation != generation {
+                    return; // stale: the session expired (and maybe a new check started) meanwhile
+                }
                 card.check.retry_scheduled = false;
+                if card.check.in_flight.is_some() {
+                    return; // the waiting purposes are asked when that check is answered
+                }
                 let purposes = std::mem::take(&mut card.check.waiting);
                 self.ask_check(&card_id, purposes, context);
             }
@@ -108,6 +114,8 @@ impl Agent {
     /// Asks a check now, or coalesces it into the outstanding one (R-CHK-1), or skips it while the card
     /// is unauthenticated (R-CHK-3).
     pub(crate) fn request_check(&mut self, card_id: &str, purpose: Purpose, context: &mut Context) {
+        let window_start =
+            purpose.sub.map(|sub| self.subs[sub].created_at.plus_seconds(context.config.window_start_offset_s));
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
@@ -117,7 +125,13 @@ impl Agent {
         // A purpose falling due at the very instant a check was asked joins it: the check's window is the
         // same, so it counts for both (R-CHK-1). Later ones wait for the answer (coalesced).
         let now = context.effects.now;
-        if let Some(flight) = card.check.in_flight.as_mut().filter(|flight| flight.asked_at == now && flight.pages == 1)
+        let covers = |flight: &CheckInFlight| match (flight.from, window_start) {
+            (Some(from), Some(start)) => start >= from,
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        if let Some(flight) =
+            card.check.in_flight.as_mut().filter(|flight| flight.asked_at == now && flight.pages == 1 && covers(flight))
         {
             if !flight.purposes.contains(&purpose) {
                 flight.purposes.push(purpose);
@@ -168,7 +182,8 @@ impl Agent {
             }
         }
         if let Some(card) = self.cards.get_mut(card_id) {
-            card.check.in_flight = Some(CheckInFlight { asked_at: now, purposes: needed, pages: 1, lines: Vec::new() });
+            card.check.in_flight =
+                Some(CheckInFlight { asked_at: now, from, purposes: needed, pages: 1, lines: Vec::new() });
         }
     }
 
@@ -340,8 +355,10 @@ impl Agent {
                 purposes.append(&mut card.check.waiting);
                 card.check.waiting = purposes;
                 card.check.retry_scheduled = true;
+                card.check.retry_generation += 1;
+                let generation = card.check.retry_generation;
                 let due = now.plus_seconds(context.config.crawl_retry_s);
-                let timer = self.timer(AgentTimer::CrawlRetry { card_id: card_id.to_string() });
+                let timer = self.timer(AgentTimer::CrawlRetry { card_id: card_id.to_string(), generation });
                 context.effects.schedule(due, timer);
                 return;
             }
@@ -404,7 +421,7 @@ impl Agent {
             // A found (or ambiguous: its lines are there, only undecided, R-MATCH-C3) sub-order is past the
             // user-submission rule.
             PurposeKind::ConfirmSecond if !self.subs[sub].found && !self.subs[sub].flags.contains(&Flag::Ambiguous) => {
-                self.user_submission_missed(sub, context)
+                self.second_wave_found_nothing(sub, context)
             }
             PurposeKind::PayFinal => {
                 self.subs[sub].note(now, "R-PAY-1", "pay_timeout", "final check found nothing".to_string());
@@ -420,6 +437,16 @@ impl Agent {
             }
             _ => {}
         }
+    }
+
+    /// R-WAVE-2's user-submission rule, unless a line found by the wave still waits for its IFSC detail
+    /// (R-MATCH-P1): then the detail decides (another payee → the rule applies).
+    fn second_wave_found_nothing(&mut self, sub: usize, context: &mut Context) {
+        if self.subs[sub].awaiting_detail.is_some() {
+            self.subs[sub].second_wave_waits_for_detail = true;
+            return;
+        }
+        self.user_submission_missed(sub, context);
     }
 
     /// R-REAUTH-1: rules whose time lapsed while the card was unauthenticated apply as if their check had
@@ -443,7 +470,7 @@ impl Agent {
                 continue;
             }
             if lapses.contains(&Lapse::SecondWave) && record.state == SubState::Reviewing && !record.found {
-                self.user_submission_missed(sub, context);
+                self.second_wave_found_nothing(sub, context);
             } else if lapses.contains(&Lapse::Close) && record.kind == OrderKind::Collection && !record.found {
                 if record.revived_from.is_some() {
                     self.end_revival(sub, context);
@@ -467,6 +494,8 @@ impl Agent {
             return;
         };
         card.auth = CardAuth::Unauthenticated;
+        // A pending busy retry is void: no check is asked until re-authentication, which asks at once.
+        card.check.retry_scheduled = false;
         let notify = !card.reauth_notified;
         card.reauth_notified = true;
         let waiting = std::mem::take(&mut card.check.waiting);
@@ -608,6 +637,11 @@ impl Agent {
                 if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(txn_id)) {
                     line.used_by = None;
                 }
+            }
+            // The second wave found nothing but this line, which turned out not to be the payee's.
+            let record = &mut self.subs[sub];
+            if std::mem::take(&mut record.second_wave_waits_for_detail) && !record.found && record.state.is_live() {
+                self.user_submission_missed(sub, context);
             }
         }
         self.resolve_changed_lines(card_id, changed, context);

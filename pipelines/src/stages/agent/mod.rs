@@ -48,7 +48,7 @@ pub enum AgentTimer {
     /// R-CHK-1: no answer within `crawl_timeout` counts as busy.
     CrawlTimeout { card_id: String, request_id: String },
     /// R-CHK-3: a busy check is asked again.
-    CrawlRetry { card_id: String },
+    CrawlRetry { card_id: String, generation: u32 },
     /// R-PEND-1.
     Reservoir { card_id: String },
     /// R-DEBT-2.
@@ -300,6 +300,7 @@ impl Agent {
             revived_from: None,
             confirm_generation: 0,
             matched_since_confirmation: false,
+            second_wave_waits_for_detail: false,
             lapses: BTreeSet::new(),
             ifsc_mismatch: BTreeSet::new(),
             ifsc_verified: BTreeSet::new(),
@@ -474,6 +475,7 @@ impl Agent {
         }
         record.confirm_generation += 1;
         record.matched_since_confirmation = false;
+        record.second_wave_waits_for_detail = false;
         let generation = record.confirm_generation;
         record.note(now, "R-WAVE-2", "payment_confirmed", Evidence::Confirmed { utr: utr.clone() });
         if record.state == SubState::Paying {

@@ -265,6 +265,9 @@ pub enum Lapse {
 #[derive(Clone, Debug)]
 pub struct CheckInFlight {
     pub asked_at: Timestamp,
+    /// The first page's `from` (phonepe, R-CHK-2): a purpose may join the check only if its window
+    /// starts no earlier.
+    pub from: Option<Timestamp>,
     pub purposes: Vec<Purpose>,
     pub pages: u32,
     pub lines: Vec<Line>,
@@ -276,6 +279,9 @@ pub struct CheckState {
     /// Purposes that fell due while a check was outstanding or waiting for a retry (coalesced).
     pub waiting: Vec<Purpose>,
     pub retry_scheduled: bool,
+    /// Identifies the pending busy retry: a retry timer of an older generation is stale (the session
+    /// expired meanwhile, R-CHK-3) and does nothing.
+    pub retry_generation: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -474,6 +480,9 @@ pub struct SubOrder {
     pub confirm_generation: u32,
     /// A line was matched since the last `payment_confirmed` (R-WAVE-2: no second wave then).
     pub matched_since_confirmation: bool,
+    /// The second confirmation wave found nothing while a line waited for its IFSC detail: the
+    /// user-submission rule applies only if that detail shows another payee (R-WAVE-2, R-MATCH-P1).
+    pub second_wave_waits_for_detail: bool,
     pub lapses: BTreeSet<Lapse>,
     pub ifsc_mismatch: BTreeSet<String>,
     pub ifsc_verified: BTreeSet<String>,
