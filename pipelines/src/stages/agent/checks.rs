@@ -665,7 +665,15 @@ impl Agent {
         } else if line.used_by != Some(sub) {
             return;
         }
+        // SPEC §4: paid_total sums the matched lines with status success, verified or not.
+        let paid_total = self.subs[sub]
+            .matched_txn_ids
+            .iter()
+            .filter_map(|txn| card.bill.get(txn))
+            .filter(|line| line.line.status == LineStatus::Success)
+            .fold(crate::money::Money::ZERO, |sum, line| sum.plus(line.line.amount));
         let record = &mut self.subs[sub];
+        record.paid_total = paid_total;
         record.found = true;
         record.flags.insert(Flag::IfscUnverified);
         record.note(now, "R-MATCH-P1", "ifsc_unverified", format!("txn {txn_id}: detail unavailable"));

@@ -522,6 +522,8 @@ impl Agent {
             self.reply(sub, SubOutcome::UtrAdded { utr }, context);
         }
         let record = &mut self.subs[sub];
+        // Waves of an earlier confirmation belong to the state the sub-order left (R-TIMER-1).
+        record.confirm_generation += 1;
         record.revived_from = Some(previous);
         record.flags.insert(Flag::Revived);
         record.note(now, rule, "revived", format!("from {previous:?}, utrs {:?}", record.utrs));
