@@ -9,6 +9,10 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Money(Decimal);
 
+/// Decimals a rate may have: with money at 2 decimals and amounts below 10^15, products stay within
+/// `Decimal`'s 28 digits, so fees and rewards are rounded from the exact product (SPEC §3).
+pub const RATE_DECIMALS_MAX: u32 = 10;
+
 /// A decimal rate such as a fee rate (`"0.025"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rate(Decimal);
@@ -156,13 +160,23 @@ impl Serialize for Money {
 }
 
 impl Rate {
-    /// Parses a non-negative decimal rate such as `"0.025"`.
+    /// Parses a non-negative decimal rate such as `"0.025"`, with at most [`RATE_DECIMALS_MAX`]
+    /// decimals so that `amount × rate` is computed exactly before it is rounded to 0.01.
     pub fn parse(text: &str) -> Result<Rate, MoneyError> {
         let value = Decimal::from_str_exact(text.trim()).map_err(|_| MoneyError::NotADecimal(text.to_string()))?;
         if value < Decimal::ZERO || text.trim() != text {
             return Err(MoneyError::NotADecimal(text.to_string()));
         }
-        Ok(Rate(value.normalize()))
+        let value = value.normalize();
+        if value.scale() > RATE_DECIMALS_MAX {
+            return Err(MoneyError::TooPrecise(text.to_string()));
+        }
+        Ok(Rate(value))
+    }
+
+    /// Whether the rate exceeds 1 (a fee larger than the amount it is taken from).
+    pub fn above_one(self) -> bool {
+        self.0 > Decimal::ONE
     }
 
     pub fn zero() -> Rate {

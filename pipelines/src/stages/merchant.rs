@@ -68,8 +68,14 @@ fn parse_fees(registered: &crate::input::MerchantRegistered) -> Result<Fees, Rej
     let rate = |text: &str, field: &str| {
         Rate::parse(text).map_err(|error| Rejection::new(Reason::InvalidAmount, format!("`{field}`: {error}")))
     };
+    let collection_fee_rate = rate(&registered.collection_fee_rate, "collection_fee_rate")?;
+    if collection_fee_rate.above_one() {
+        // A fee above the amount would make a collection debit the merchant (SPEC §4: available goes
+        // negative only through claw-backs).
+        return Err(Rejection::new(Reason::InvalidAmount, "`collection_fee_rate` must not exceed 1"));
+    }
     Ok(Fees {
-        collection_fee_rate: rate(&registered.collection_fee_rate, "collection_fee_rate")?,
+        collection_fee_rate,
         payout_fee_rate: rate(&registered.payout_fee_rate, "payout_fee_rate")?,
         payout_fee_fixed: non_negative_amount(&registered.payout_fee_fixed, "payout_fee_fixed")?,
     })

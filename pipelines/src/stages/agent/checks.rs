@@ -135,6 +135,15 @@ impl Agent {
         {
             if !flight.purposes.contains(&purpose) {
                 flight.purposes.push(purpose);
+                let request_id = flight.request_id.clone();
+                if let Some(sub) = purpose.sub {
+                    self.subs[sub].note(
+                        now,
+                        "R-CHK-1",
+                        "check_asked",
+                        Evidence::Asked { request_id, purpose: purpose.kind },
+                    );
+                }
             }
             return;
         }
@@ -182,8 +191,14 @@ impl Agent {
             }
         }
         if let Some(card) = self.cards.get_mut(card_id) {
-            card.check.in_flight =
-                Some(CheckInFlight { asked_at: now, from, purposes: needed, pages: 1, lines: Vec::new() });
+            card.check.in_flight = Some(CheckInFlight {
+                asked_at: now,
+                request_id: request_id.clone(),
+                from,
+                purposes: needed,
+                pages: 1,
+                lines: Vec::new(),
+            });
         }
     }
 
@@ -272,12 +287,13 @@ impl Agent {
             PurposeKind::PayFinal => {
                 record.lapses.insert(Lapse::PayTimeout);
             }
-            PurposeKind::Revival => {
-                record.flags.insert(Flag::AwaitReauth);
-                record.lapses.insert(Lapse::Revival);
-            }
-            PurposeKind::OperatorRetry => {
-                record.flags.insert(Flag::AwaitReauth);
+            PurposeKind::Revival | PurposeKind::OperatorRetry => {
+                if purpose.kind == PurposeKind::Revival {
+                    record.lapses.insert(Lapse::Revival);
+                }
+                if record.flags.insert(Flag::AwaitReauth) {
+                    record.note(now, "R-CHK-3", "await_reauth", "card unauthenticated: waits for re-authentication");
+                }
             }
             PurposeKind::Wave | PurposeKind::ConfirmFirst | PurposeKind::Reauth => {}
         }
@@ -340,6 +356,17 @@ impl Agent {
             return;
         };
         let Some(mut flight) = card.check.in_flight.take() else {
+            return;
+        };
+        if let Some(error) = error {
+            for purpose in &flight.purposes {
+                if let Some(sub) = purpose.sub {
+                    let evidence = format!("{:?}: {error:?}", purpose.kind);
+                    self.subs[sub].note(now, "R-CHK-3", "check_answered", evidence);
+                }
+            }
+        }
+        let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
         match error {
@@ -429,7 +456,7 @@ impl Agent {
             }
             PurposeKind::Revival => {
                 self.mark_history_exhausted(sub, check_time, context);
-                self.end_revival(sub, context);
+                self.end_revival(sub, "R-POST-1", "revival_missed", context);
             }
             PurposeKind::OperatorRetry => {
                 // R-HIS-3: a miss leaves the sub-order in review.
@@ -473,7 +500,7 @@ impl Agent {
                 self.second_wave_found_nothing(sub, context);
             } else if lapses.contains(&Lapse::Close) && record.kind == OrderKind::Collection && !record.found {
                 if record.revived_from.is_some() {
-                    self.end_revival(sub, context);
+                    self.end_revival(sub, "R-POST-1", "revival_missed", context);
                 } else {
                     self.close_collection(sub, SubState::Cancelled, "R-REAUTH-1", context);
                 }
@@ -481,7 +508,7 @@ impl Agent {
                 self.payout_returned(sub, SubState::PaymentTimeout, "R-REAUTH-1", context);
             } else if lapses.contains(&Lapse::Revival) && record.revived_from.is_some() {
                 self.mark_history_exhausted(sub, check_time, context);
-                self.end_revival(sub, context);
+                self.end_revival(sub, "R-POST-1", "revival_missed", context);
             }
         }
     }
@@ -712,7 +739,7 @@ impl Agent {
         }
         if purpose == PurposeKind::Revival && record.flags.contains(&Flag::HisExhausted) {
             record.note(now, "R-HIS-2", "bill_table_miss", "history exhausted: no live check".to_string());
-            return self.end_revival(sub, context);
+            return self.end_revival(sub, "R-POST-1", "revival_missed", context);
         }
         self.request_check(&card_id, Purpose { sub: Some(sub), kind: purpose, generation: 0 }, context);
     }

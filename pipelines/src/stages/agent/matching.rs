@@ -44,7 +44,7 @@ fn free(line: &BillLine) -> bool {
 
 enum Decision {
     Collection { sub: usize, txn_id: String, rule: &'static str, record_utr: Option<String> },
-    Payout { sub: usize, txn_ids: Vec<String> },
+    Payout { sub: usize, txn_ids: Vec<String>, rule: &'static str },
     Ambiguous { sub: usize, lines: usize },
     Detail { sub: usize, txn_id: String },
 }
@@ -287,7 +287,7 @@ impl Agent {
                 txn_ids.push(txn_id.clone());
             }
             if !txn_ids.is_empty() {
-                decisions.push(Decision::Payout { sub, txn_ids });
+                decisions.push(Decision::Payout { sub, txn_ids, rule: "R-MATCH-P1" });
             }
         }
         decisions
@@ -325,7 +325,7 @@ impl Agent {
             });
             if let Some(line) = hit {
                 taken.insert(line.line.txn_id.clone());
-                decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()] });
+                decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()], rule: "R-MATCH-P2" });
             }
         }
         decisions
@@ -389,14 +389,14 @@ impl Agent {
                 let record_match = MatchRecord { rule, txn_ids: vec![txn_id], explanation: evidence };
                 self.collection_success(sub, line.amount, record_match, utr_backfill, context);
             }
-            Decision::Payout { sub, txn_ids } => {
+            Decision::Payout { sub, txn_ids, rule } => {
                 for txn_id in &txn_ids {
                     self.take_line(card_id, sub, txn_id);
                 }
                 let (lower, upper) = window(&self.subs[sub], check_time, context);
                 self.subs[sub].note(
                     now,
-                    "R-MATCH-P1",
+                    rule,
                     "lines_matched",
                     Evidence::Lines { txn_ids: txn_ids.clone(), lower, upper },
                 );

@@ -136,7 +136,9 @@ impl Agent {
     }
 
     /// A revival that missed returns the sub-order to the state it came from (R-POST-1).
-    pub(crate) fn end_revival(&mut self, sub: usize, context: &mut Context) {
+    /// `rule` and `event` say who ended it: a miss (R-POST-1 `revival_missed`) or an operator
+    /// (R-ADMIN-1 `rejected`).
+    pub(crate) fn end_revival(&mut self, sub: usize, rule: &'static str, event: &'static str, context: &mut Context) {
         let now = context.effects.now;
         let record = &mut self.subs[sub];
         let Some(previous) = record.revived_from.take() else {
@@ -146,7 +148,7 @@ impl Agent {
         record.flags.remove(&Flag::AwaitReauth);
         record.flags.remove(&Flag::Ambiguous);
         record.lapses.clear();
-        record.note(now, "R-POST-1", "revival_missed", format!("back to {previous:?}"));
+        record.note(now, rule, event, format!("back to {previous:?}"));
         self.release_reservation(sub);
         self.set_state(sub, previous);
     }
@@ -202,7 +204,9 @@ impl Agent {
     pub(crate) fn operator_reject(&mut self, sub: usize, context: &mut Context) {
         let record = &self.subs[sub];
         match record.kind {
-            OrderKind::Collection if record.revived_from.is_some() => self.end_revival(sub, context),
+            OrderKind::Collection if record.revived_from.is_some() => {
+                self.end_revival(sub, "R-ADMIN-1", "rejected", context)
+            }
             OrderKind::Collection => {
                 self.subs[sub].note(context.effects.now, "R-ADMIN-1", "rejected", "by an operator".to_string());
                 self.close_collection(sub, SubState::Rejected, "R-ADMIN-1", context)
@@ -281,7 +285,9 @@ impl Agent {
         let record = &mut self.subs[sub];
         let previous_paid = record.paid_total;
         record.paid_total = paid_total;
-        record.flags.remove(&Flag::BillPending);
+        if record.flags.remove(&Flag::BillPending) {
+            record.note(now, "R-PEND-1", "line_settled", Evidence::Text("matched lines no longer processing"));
+        }
         record.found = true;
         let amount = record.amount;
         if amount.minus(paid_total) <= tolerance {

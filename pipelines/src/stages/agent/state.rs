@@ -265,6 +265,8 @@ pub enum Lapse {
 #[derive(Clone, Debug)]
 pub struct CheckInFlight {
     pub asked_at: Timestamp,
+    /// The first page's request id (for the audit of purposes joining the check).
+    pub request_id: String,
     /// The first page's `from` (phonepe, R-CHK-2): a purpose may join the check only if its window
     /// starts no earlier.
     pub from: Option<Timestamp>,
