@@ -331,6 +331,29 @@ impl Agent {
         decisions
     }
 
+    /// R-ADMIN-1 on an ambiguous collection: the approval takes the oldest line the sub-order could take
+    /// (R-MATCH-C3's candidates), so that line cannot pay a second order later (R-WIN-3).
+    pub(crate) fn take_ambiguous_candidate(
+        &mut self,
+        sub: usize,
+        context: &mut Context,
+    ) -> Option<(String, Option<String>)> {
+        let card_id = self.subs[sub].card_id.clone();
+        let card = self.cards.get(&card_id)?;
+        let mut utr_owner: HashMap<&str, usize> = HashMap::default();
+        for other in card.live_subs.iter().copied().filter(|other| *other != sub) {
+            for utr in &self.subs[other].utrs {
+                utr_owner.insert(utr.as_str(), other);
+            }
+        }
+        let owned_by_other =
+            |line: &BillLine, _sub: usize| line.line.utr.as_deref().is_some_and(|utr| utr_owner.contains_key(utr));
+        let now = context.effects.now;
+        let txn_id = self.incoming_of_amount(card, sub, now, &owned_by_other, context, false).into_iter().next()?;
+        let line = self.take_line(&card_id, sub, &txn_id)?;
+        Some((txn_id, line.utr))
+    }
+
     /// Matches a free line to a sub-order; `None` if the line is gone or already used (R-WIN-3 is a
     /// guard here, not only an assertion: a line is never matched twice).
     fn take_line(&mut self, card_id: &str, sub: usize, txn_id: &str) -> Option<Line> {

@@ -186,6 +186,22 @@ impl Agent {
     /// R-ADMIN-1 approval.
     pub(crate) fn approve(&mut self, sub: usize, amount: Option<Money>, context: &mut Context) {
         let record = &self.subs[sub];
+        let mut utr_backfill = None;
+        if record.kind == OrderKind::Collection && record.flags.contains(&Flag::Ambiguous) && !record.found {
+            if let Some((txn_id, utr)) = self.take_ambiguous_candidate(sub, context) {
+                let now = context.effects.now;
+                let record = &mut self.subs[sub];
+                record.note(now, "R-ADMIN-1", "line_taken", format!("txn {txn_id} of the ambiguous candidates"));
+                // As R-MATCH-C3 would: the order's UTR is back-filled from the line.
+                if let Some(utr) = &utr {
+                    if record.utrs.is_empty() {
+                        record.utrs.push(utr.clone());
+                    }
+                }
+                utr_backfill = utr;
+            }
+        }
+        let record = &self.subs[sub];
         let record_match = MatchRecord {
             rule: "R-ADMIN-1",
             txn_ids: record.matched_txn_ids.clone(),
@@ -194,7 +210,7 @@ impl Agent {
         match record.kind {
             OrderKind::Collection => {
                 let actual = amount.unwrap_or(record.amount);
-                self.collection_success(sub, actual, record_match, None, context);
+                self.collection_success(sub, actual, record_match, utr_backfill, context);
             }
             OrderKind::Payout => self.payout_success(sub, record_match, context),
         }
@@ -228,6 +244,8 @@ impl Agent {
         // correction is its close (R-WIN-2).
         record.found = false;
         record.closed_at = Some(context.effects.now);
+        // SPEC §4: `match` is the decision that made the sub-order succeed, else null.
+        record.matched = None;
         self.set_state(sub, SubState::Cancelled);
         self.reply(sub, SubOutcome::CollectionCorrected, context);
     }
