@@ -664,6 +664,7 @@ impl Agent {
                 if let Some(line) = self.cards.get_mut(card_id).and_then(|card| card.bill.get_mut(txn_id)) {
                     line.used_by = None;
                 }
+                self.refresh_paid_total(sub);
             }
             // The second wave found nothing but this line, which turned out not to be the payee's.
             let record = &mut self.subs[sub];
@@ -693,14 +694,8 @@ impl Agent {
             return;
         }
         // SPEC §4: paid_total sums the matched lines with status success, verified or not.
-        let paid_total = self.subs[sub]
-            .matched_txn_ids
-            .iter()
-            .filter_map(|txn| card.bill.get(txn))
-            .filter(|line| line.line.status == LineStatus::Success)
-            .fold(crate::money::Money::ZERO, |sum, line| sum.plus(line.line.amount));
+        self.refresh_paid_total(sub);
         let record = &mut self.subs[sub];
-        record.paid_total = paid_total;
         record.found = true;
         record.flags.insert(Flag::IfscUnverified);
         record.note(now, "R-MATCH-P1", "ifsc_unverified", format!("txn {txn_id}: detail unavailable"));

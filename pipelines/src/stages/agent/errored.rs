@@ -58,10 +58,23 @@ impl Agent {
             };
             let Some(sub) = line.used_by else { continue };
             let status = line.line.status;
+            self.refresh_paid_total(sub);
             let record = &mut self.subs[sub];
-            if record.state.is_live() && record.flags.contains(&Flag::BillPending) {
+            let live_payout = record.state.is_live() && record.kind == crate::output::OrderKind::Payout;
+            if live_payout
+                && record.found
+                && record.flags.iter().any(|flag| matches!(flag, Flag::BillPending | Flag::Underpaid))
+            {
+                // R-PEND-1 / R-MATCH-P4: the payout is decided again from its lines' statuses.
                 self.evaluate_payout(sub, context);
-            } else if !record.state.is_live() {
+            } else if record.state.is_live() {
+                record.note(
+                    context.effects.now,
+                    "R-AUDIT-1",
+                    "line_status_changed",
+                    format!("txn {txn_id} is now {status:?}"),
+                );
+            } else {
                 record.note(
                     context.effects.now,
                     "R-AUDIT-1",
@@ -72,8 +85,6 @@ impl Agent {
         }
     }
 
-    /// R-ERR-1: more than `errored_max` ERRORED lines (all cards, since the last unban) in any half-open
-    /// window of `errored_window` bans the agent permanently. Idempotent.
     /// R-ERR-1: more than `errored_max` ERRORED lines (all cards, since the last unban) in any half-open
     /// window of `errored_window` bans the agent permanently. Idempotent. Only windows that can hold a
     /// line added since the last count are scanned: every other window was counted before and held no

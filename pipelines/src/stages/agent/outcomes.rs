@@ -259,6 +259,19 @@ impl Agent {
         }
     }
 
+    /// SPEC §4: `paid_total` is the sum of the amounts of the matched lines whose status is `success`
+    /// now (a line may change status after it was matched).
+    pub(crate) fn refresh_paid_total(&mut self, sub: usize) {
+        let Some(card) = self.cards.get(&self.subs[sub].card_id) else { return };
+        let paid_total = self.subs[sub]
+            .matched_txn_ids
+            .iter()
+            .filter_map(|txn| card.bill.get(txn))
+            .filter(|line| line.line.status == crate::input::LineStatus::Success)
+            .fold(Money::ZERO, |sum, line| sum.plus(line.line.amount));
+        self.subs[sub].paid_total = paid_total;
+    }
+
     /// Decides a payout from its matched lines (R-MATCH-P1..P5, R-PEND-1): any failed line rejects,
     /// any processing line waits (`bill_pending`), else the paid total is compared with the amount.
     pub(crate) fn evaluate_payout(&mut self, sub: usize, context: &mut Context) {
@@ -327,7 +340,8 @@ impl Agent {
         }
         // R-MATCH-P4: under-paid; each rise that stays short notifies again.
         let shortfall = amount.minus(paid_total);
-        if record.flags.insert(Flag::Underpaid) {
+        let newly_underpaid = record.flags.insert(Flag::Underpaid);
+        if newly_underpaid {
             record.underpaid_since = Some(now);
             let due = now.plus_seconds(context.config.underpaid_timeout_s);
             context.effects.schedule(due, self.timer(AgentTimer::UnderpaidTimeout { sub }));
@@ -336,7 +350,7 @@ impl Agent {
         record.note(now, "R-MATCH-P4", "underpaid", format!("paid {paid_total} of {amount}, short {shortfall}"));
         let order_id = record.order_id.clone();
         self.set_state(sub, SubState::Reviewing);
-        if paid_total > previous_paid {
+        if newly_underpaid || paid_total > previous_paid {
             self.notify(
                 NotificationKind::Underpaid,
                 format!("Payout {order_id}: paid {paid_total} of {amount}; please pay the remaining {shortfall}."),
