@@ -17,13 +17,20 @@ impl Agent {
             AgentTimer::CollectionWave { sub } => self.sub_check_due(sub, PurposeKind::Wave, 0, context),
             AgentTimer::Close { sub } => self.sub_check_due(sub, PurposeKind::Close, 0, context),
             AgentTimer::ConfirmWave { sub, generation, second } => {
+                if second && generation == self.subs[sub].confirm_generation {
+                    self.subs[sub].second_wave_passed = true;
+                }
                 let kind = if second { PurposeKind::ConfirmSecond } else { PurposeKind::ConfirmFirst };
                 self.sub_check_due(sub, kind, generation, context)
             }
             AgentTimer::PayTimeout { sub } => self.sub_check_due(sub, PurposeKind::PayFinal, 0, context),
             AgentTimer::UnderpaidTimeout { sub } => {
                 let record = &self.subs[sub];
-                if record.state.is_live() && record.flags.contains(&Flag::Underpaid) {
+                if record.state.is_live() && record.flags.contains(&Flag::IfscUnverified) {
+                    // R-MATCH-P1: an unverified line is never an automatic rejection; look again later.
+                    let due = now.plus_seconds(context.config.detail_retry_s);
+                    context.effects.schedule(due, self.timer(AgentTimer::UnderpaidTimeout { sub }));
+                } else if record.state.is_live() && record.flags.contains(&Flag::Underpaid) {
                     self.subs[sub].note(
                         now,
                         "R-MATCH-P4",
@@ -250,6 +257,15 @@ impl Agent {
 
     /// Asks a detail fetch about one line (R-MATCH-P1, R-PEND-1).
     pub(crate) fn ask_detail(&mut self, card_id: &str, txn_id: &str, reason: DetailReason, context: &mut Context) {
+        if !self.card_authenticated(card_id) {
+            // R-CHK-3: nothing is asked of an unauthenticated card. An IFSC check cannot be done now,
+            // which is a failed detail (R-MATCH-P1); a pending-line lookup waits for the next sync.
+            if let DetailReason::Ifsc { sub } = reason {
+                self.release_reservation(sub);
+                self.ifsc_unverified(card_id, sub, txn_id, context);
+            }
+            return;
+        }
         let request_id = self.send_request(card_id, CrawlMode::Detail, None, Some(txn_id.to_string()), context);
         if let Some(request) = self.cards.get_mut(card_id).and_then(|card| card.requests.get_mut(&request_id)) {
             request.kind = RequestKind::Detail { txn_id: txn_id.to_string(), reason };
@@ -633,7 +649,8 @@ impl Agent {
         if self.subs[sub].awaiting_detail.as_deref() == Some(txn_id) {
             self.release_reservation(sub);
         }
-        let Some(line) = line else {
+        // A detail without the payee's IFSC cannot verify it: the same as a failed detail.
+        let Some(line) = line.filter(|line| line.payee_ifsc.is_some()) else {
             return self.ifsc_unverified(card_id, sub, txn_id, context);
         };
         let line_ifsc = line.payee_ifsc.clone();
@@ -666,9 +683,11 @@ impl Agent {
                 }
                 self.refresh_paid_total(sub);
             }
-            // The second wave found nothing but this line, which turned out not to be the payee's.
+            // The second wave found nothing but this line, which turned out not to be the payee's (or it
+            // passed while the line stood unverified): the user-submission rule applies now (R-WAVE-2).
             let record = &mut self.subs[sub];
-            if std::mem::take(&mut record.second_wave_waits_for_detail) && !record.found && record.state.is_live() {
+            let waited = std::mem::take(&mut record.second_wave_waits_for_detail) || record.second_wave_passed;
+            if waited && !record.found && record.state == SubState::Reviewing {
                 self.user_submission_missed(sub, context);
             }
         }

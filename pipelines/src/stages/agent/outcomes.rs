@@ -192,6 +192,7 @@ impl Agent {
                 let now = context.effects.now;
                 let record = &mut self.subs[sub];
                 record.note(now, "R-ADMIN-1", "line_taken", format!("txn {txn_id} of the ambiguous candidates"));
+                record.paid_total = Money::ZERO;
                 // As R-MATCH-C3 would: the order's UTR is back-filled from the line.
                 if let Some(utr) = &utr {
                     if record.utrs.is_empty() {
@@ -199,6 +200,7 @@ impl Agent {
                     }
                 }
                 utr_backfill = utr;
+                self.refresh_paid_total(sub);
             }
         }
         let record = &self.subs[sub];

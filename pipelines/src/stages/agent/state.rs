@@ -485,6 +485,8 @@ pub struct SubOrder {
     /// The second confirmation wave found nothing while a line waited for its IFSC detail: the
     /// user-submission rule applies only if that detail shows another payee (R-WAVE-2, R-MATCH-P1).
     pub second_wave_waits_for_detail: bool,
+    /// The second wave of the current confirmation has fallen due (asked or not, R-WAVE-2).
+    pub second_wave_passed: bool,
     pub lapses: BTreeSet<Lapse>,
     pub ifsc_mismatch: BTreeSet<String>,
     pub ifsc_verified: BTreeSet<String>,
