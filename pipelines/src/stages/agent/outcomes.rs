@@ -295,6 +295,7 @@ impl Agent {
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
         if lines.iter().any(|(status, _)| *status == Processing) {
+            self.refresh_paid_total(sub);
             let timeout = self.bill_pending_timeout_s(sub, context);
             let record = &mut self.subs[sub];
             record.found = true;
