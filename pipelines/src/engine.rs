@@ -119,8 +119,10 @@ impl Engine {
         let Some(((due, _), timer)) = self.timers.pop_first() else {
             return;
         };
+        // A timer acts, and stamps what it emits, at its due time (SPEC §3) — or at the clock, for one
+        // that was created already overdue.
         self.clock = self.clock.max(due);
-        self.run(due, Work::Timer(timer));
+        self.run(self.clock, Work::Timer(timer));
     }
 
     /// Which stage an input belongs to (SPEC §5 table).

@@ -159,9 +159,10 @@ impl Effects {
         self.messages.push(message);
     }
 
-    /// Schedules a timer; one due in the past fires at the next opportunity, stamped `now`.
+    /// Schedules a timer. One already overdue keeps its due time as its place in the order (so it fires
+    /// before the next input, SPEC §3) and acts at the clock when it fires (outputs never go back).
     pub fn schedule(&mut self, due: Timestamp, timer: Timer) {
-        self.timers.push((due.max(self.now), timer));
+        self.timers.push((due, timer));
     }
 
     /// R-IN-1: answers a bad input with `command_rejected`; the caller changes nothing.

@@ -72,7 +72,7 @@ impl OrderStage {
     pub fn handle(&mut self, order_id: &str, body: OrderBody, effects: &mut Effects) {
         match body {
             OrderBody::Input { event_id, command } => self.on_input(order_id, &event_id, command, effects),
-            OrderBody::CreationAccepted => self.on_creation_accepted(order_id),
+            OrderBody::CreationAccepted => self.on_creation_accepted(order_id, effects),
             OrderBody::CreationRefused { event_id, input_type, rejection } => {
                 self.orders.remove(order_id);
                 effects.reject(&event_id, input_type, rejection);
@@ -105,9 +105,15 @@ impl OrderStage {
         }
     }
 
-    fn on_creation_accepted(&mut self, order_id: &str) {
+    /// The order exists from here on; its expiry timer too (a refused creation leaves nothing behind,
+    /// R-IN-1, so a later order reusing the id is not cancelled by it).
+    fn on_creation_accepted(&mut self, order_id: &str, effects: &mut Effects) {
         if let Some(order) = self.orders.get_mut(order_id) {
             order.creating = false;
+            if let Some(expires_at) = order.expires_at {
+                effects
+                    .schedule(expires_at, Timer::Order { order_id: order_id.to_string(), timer: OrderTimer::Expiry });
+            }
         }
     }
 
@@ -213,9 +219,6 @@ impl OrderStage {
                 actual_amount: None,
             },
         );
-        if let Some(expires_at) = expires_at {
-            effects.schedule(expires_at, Timer::Order { order_id: order_id.to_string(), timer: OrderTimer::Expiry });
-        }
         let body = match kind {
             OrderKind::Collection => {
                 MerchantBody::ValidateCollection { order_id: order_id.to_string(), event_id: event_id.to_string() }
