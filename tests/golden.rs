@@ -231,3 +231,23 @@ fn the_readme_example_prints_what_the_readme_shows() {
         "README output differs from `paisa replay examples/quickstart.jsonl`"
     );
 }
+
+/// R-AUDIT-1: an operator's decision names the operator (evidence text is not compared elsewhere).
+#[test]
+fn operator_decisions_name_the_operator() {
+    let text = std::fs::read_to_string(scenario_dir().join("a_admin_correct_cancel.jsonl")).expect("scenario");
+    let document: Value = serde_json::from_str(&replay_to_json(&text).expect("replays")).expect("JSON");
+    let corrections: Vec<&Value> = document["orders"]
+        .as_object()
+        .expect("orders")
+        .values()
+        .flat_map(|order| order["sub_orders"].as_array().into_iter().flatten())
+        .flat_map(|sub| sub["timeline"].as_array().into_iter().flatten())
+        .filter(|entry| entry["rule"] == "R-ADMIN-3")
+        .collect();
+    assert!(!corrections.is_empty(), "the scenario corrects collections");
+    for entry in corrections {
+        let evidence = entry["evidence"].as_str().unwrap_or_default();
+        assert!(evidence.starts_with("by "), "R-ADMIN-3 entry without its operator: {entry}");
+    }
+}

@@ -64,7 +64,15 @@ pub enum AgentBody {
     /// A dispatch (collection) or grab (payout) the order stage passed on (R-DSP-1, R-PAY-2).
     Dispatch(DispatchRequest),
     /// An order command routed to the live (or last) sub-order.
-    SubOrder { order_id: String, seq: u32, event_id: String, input_type: &'static str, command: SubOrderCommand },
+    SubOrder {
+        order_id: String,
+        seq: u32,
+        event_id: String,
+        input_type: &'static str,
+        command: SubOrderCommand,
+        /// The operator of an `admin_*` command, recorded with its decision (R-AUDIT-1).
+        operator: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug)]

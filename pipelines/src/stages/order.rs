@@ -295,6 +295,7 @@ impl OrderStage {
                 event_id: event_id.to_string(),
                 input_type: command.type_name(),
                 command: sub_command,
+                operator: operator_of(&command),
             },
         });
     }
@@ -460,4 +461,16 @@ fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option
         actual_amount,
         utr: order.utr.clone(),
     });
+}
+
+/// The operator named by an operator command (R-AUDIT-1 records it with the decision).
+fn operator_of(command: &Command) -> Option<String> {
+    match command {
+        Command::AdminApprove(c) => Some(c.operator.clone()),
+        Command::AdminReject(c) => Some(c.operator.clone()),
+        Command::AdminCrawlRetry(c) => Some(c.operator.clone()),
+        Command::AdminCorrectCancel(c) => Some(c.operator.clone()),
+        Command::AdminCancelPayout(c) => Some(c.operator.clone()),
+        _ => None,
+    }
 }

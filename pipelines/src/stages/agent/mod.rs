@@ -91,11 +91,18 @@ impl AgentStage {
                 };
                 effects.send(Message::Order { order_id, body });
             }
-            AgentBody::SubOrder { order_id, seq, event_id, input_type, command } => {
+            AgentBody::SubOrder { order_id, seq, event_id, input_type, command, operator } => {
                 let mut context = Context { config: &self.config, effects };
                 let result = match self.agents.get_mut(user_id) {
                     Some(agent) => match agent.sub_index.get(&(order_id.clone(), seq)).copied() {
-                        Some(sub) => agent.on_sub_order_command(sub, command, &mut context),
+                        Some(sub) => {
+                            let recorded = agent.subs[sub].timeline.recorded();
+                            let result = agent.on_sub_order_command(sub, command, &mut context);
+                            if let (Ok(()), Some(operator)) = (&result, operator) {
+                                agent.subs[sub].timeline.attribute_since(recorded, operator);
+                            }
+                            result
+                        }
                         None => Err(Rejection::new(Reason::NoLiveSubOrder, "no such sub-order")),
                     },
                     None => Err(Rejection::new(Reason::UnknownUser, format!("no user {user_id}"))),

@@ -384,6 +384,11 @@ pub enum Evidence {
         state: SubState,
         order_pending: bool,
     },
+    /// A decision taken by an operator command.
+    ByOperator {
+        operator: String,
+        evidence: Box<Evidence>,
+    },
 }
 
 impl std::fmt::Display for Evidence {
@@ -410,6 +415,7 @@ impl std::fmt::Display for Evidence {
                 write!(formatter, "state {state:?}, order back to pending")
             }
             Evidence::Ended { state, order_pending: false } => write!(formatter, "state {state:?}, hold released"),
+            Evidence::ByOperator { operator, evidence } => write!(formatter, "by {operator}: {evidence}"),
         }
     }
 }
@@ -448,6 +454,21 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// Entries recorded so far, dropped ones included (a position that survives the cap).
+    pub fn recorded(&self) -> u64 {
+        self.dropped + self.entries.len() as u64
+    }
+
+    /// Names the operator on the first entry recorded since `recorded` (the decision of an operator
+    /// command, R-AUDIT-1).
+    pub fn attribute_since(&mut self, recorded: u64, operator: String) {
+        let index = recorded.saturating_sub(self.dropped) as usize;
+        if let Some(entry) = self.entries.get_mut(index) {
+            let evidence = std::mem::replace(&mut entry.evidence, Evidence::Text(""));
+            entry.evidence = Evidence::ByOperator { operator, evidence: Box::new(evidence) };
+        }
+    }
+
     pub fn push(&mut self, entry: TimelineEntry) {
         if self.entries.len() >= TIMELINE_ENTRIES_PER_SUB_ORDER_MAX {
             self.entries.pop_front();
