@@ -486,8 +486,7 @@ impl Agent {
     /// (R-MATCH-P1): then the detail decides (another payee → the rule applies).
     fn second_wave_found_nothing(&mut self, sub: usize, context: &mut Context) {
         if self.subs[sub].awaiting_detail.is_some() {
-            self.subs[sub].second_wave_waits_for_detail = true;
-            return;
+            return; // the detail answer applies the rule if the line is another payee's
         }
         self.user_submission_missed(sub, context);
     }
@@ -686,8 +685,7 @@ impl Agent {
             // The second wave found nothing but this line, which turned out not to be the payee's (or it
             // passed while the line stood unverified): the user-submission rule applies now (R-WAVE-2).
             let record = &mut self.subs[sub];
-            let waited = std::mem::take(&mut record.second_wave_waits_for_detail) || record.second_wave_passed;
-            if waited && !record.found && record.state == SubState::Reviewing {
+            if record.second_wave_passed && !record.found && record.state == SubState::Reviewing {
                 self.user_submission_missed(sub, context);
             }
         }

@@ -33,11 +33,6 @@ pub fn payee_matches(payee: &Party, counterparty: &Counterparty) -> bool {
     }
 }
 
-/// Lines of `bill` inside `[lower, upper]`, oldest first (time, then txn id).
-fn in_window(bill: &BillTable, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
-    bill.window(lower, upper)
-}
-
 fn free(line: &BillLine) -> bool {
     line.used_by.is_none() && line.reserved_by.is_none()
 }
@@ -122,7 +117,7 @@ impl Agent {
                 continue;
             }
             let (lower, upper) = window(record, check_time, context);
-            let hit = in_window(&card.bill, lower, upper).find(|line| {
+            let hit = card.bill.window(lower, upper).find(|line| {
                 free(line)
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::In
@@ -155,7 +150,8 @@ impl Agent {
     ) -> Vec<String> {
         let record = &self.subs[sub];
         let (lower, upper) = window(record, check_time, context);
-        in_window(&card.bill, lower, upper)
+        card.bill
+            .window(lower, upper)
             .filter(|line| {
                 free(line)
                     && (!without_utr_field || !line.line.utr_supported)
@@ -168,6 +164,25 @@ impl Agent {
             .collect()
     }
 
+    /// Unfound collections with a UTR (`with_utr`, R-MATCH-C2: lines without a UTR field) or without
+    /// one (R-MATCH-C3: any line), in creation order, each with the lines it could take (none → left out).
+    fn amount_candidates(
+        &self,
+        card: &Card,
+        subs: &[usize],
+        check_time: Timestamp,
+        owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
+        context: &Context,
+        with_utr: bool,
+    ) -> Vec<(usize, Vec<String>)> {
+        subs.iter()
+            .copied()
+            .filter(|sub| self.subs[*sub].utrs.is_empty() != with_utr && !self.subs[*sub].found)
+            .map(|sub| (sub, self.incoming_of_amount(card, sub, check_time, owned_by_other, context, with_utr)))
+            .filter(|(_, lines)| !lines.is_empty())
+            .collect()
+    }
+
     /// R-MATCH-C2: a UTR-less (`utr_supported = false`) line paired one-to-one with a sub-order by amount.
     fn pass_c2(
         &self,
@@ -177,20 +192,10 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
     ) -> Vec<Decision> {
-        let mut lines_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let lines_of = self.amount_candidates(card, subs, check_time, owned_by_other, context, true);
         let mut subs_of: HashMap<String, usize> = HashMap::default();
-        for &sub in subs {
-            let record = &self.subs[sub];
-            if record.utrs.is_empty() || record.found {
-                continue;
-            }
-            let lines = self.incoming_of_amount(card, sub, check_time, owned_by_other, context, true);
-            for txn_id in &lines {
-                *subs_of.entry(txn_id.clone()).or_default() += 1;
-            }
-            if !lines.is_empty() {
-                lines_of.insert(sub, lines);
-            }
+        for txn_id in lines_of.iter().flat_map(|(_, lines)| lines) {
+            *subs_of.entry(txn_id.clone()).or_default() += 1;
         }
         lines_of
             .into_iter()
@@ -213,17 +218,7 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
     ) -> Vec<Decision> {
-        let mut candidates: Vec<(usize, Vec<String>)> = Vec::new();
-        for &sub in subs {
-            let record = &self.subs[sub];
-            if !record.utrs.is_empty() || record.found {
-                continue;
-            }
-            let lines = self.incoming_of_amount(card, sub, check_time, owned_by_other, context, false);
-            if !lines.is_empty() {
-                candidates.push((sub, lines));
-            }
-        }
+        let candidates = self.amount_candidates(card, subs, check_time, owned_by_other, context, false);
         // "For each amount": amounts are equal within the tolerance, so a line can be equal to two
         // different order amounts. Sub-orders are grouped by the lines they could take (connected
         // components), which keeps every line in one group and so matched at most once (R-WIN-3).
@@ -267,7 +262,7 @@ impl Agent {
             let needs_ifsc = card.provider == Provider::Mobikwik && payee.ifsc.is_some();
             let (lower, upper) = window(record, check_time, context);
             let mut txn_ids = Vec::new();
-            for line in in_window(&card.bill, lower, upper) {
+            for line in card.bill.window(lower, upper) {
                 let txn_id = &line.line.txn_id;
                 let candidate = free(line)
                     && !taken.contains(txn_id)
@@ -314,7 +309,7 @@ impl Agent {
                 continue;
             }
             let (lower, upper) = window(record, check_time, context);
-            let hit = in_window(&card.bill, lower, upper).find(|line| {
+            let hit = card.bill.window(lower, upper).find(|line| {
                 free(line)
                     && !taken.contains(&line.line.txn_id)
                     && line.line.direction == Direction::Out

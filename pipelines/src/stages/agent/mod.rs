@@ -307,7 +307,6 @@ impl Agent {
             revived_from: None,
             confirm_generation: 0,
             matched_since_confirmation: false,
-            second_wave_waits_for_detail: false,
             second_wave_passed: false,
             lapses: BTreeSet::new(),
             ifsc_mismatch: BTreeSet::new(),
@@ -483,7 +482,6 @@ impl Agent {
         }
         record.confirm_generation += 1;
         record.matched_since_confirmation = false;
-        record.second_wave_waits_for_detail = false;
         record.second_wave_passed = false;
         let generation = record.confirm_generation;
         record.note(now, "R-WAVE-2", "payment_confirmed", Evidence::Confirmed { utr: utr.clone() });

@@ -277,24 +277,24 @@ impl Agent {
     /// Decides a payout from its matched lines (R-MATCH-P1..P5, R-PEND-1): any failed line rejects,
     /// any processing line waits (`bill_pending`), else the paid total is compared with the amount.
     pub(crate) fn evaluate_payout(&mut self, sub: usize, context: &mut Context) {
-        use crate::input::LineStatus::{Errored, Failed, Processing, Success};
+        use crate::input::LineStatus::{Errored, Failed, Processing};
         let now = context.effects.now;
         let card_id = self.subs[sub].card_id.clone();
         let Some(card) = self.cards.get(&card_id) else {
             return;
         };
-        let lines: Vec<_> = self.subs[sub]
+        let statuses: Vec<_> = self.subs[sub]
             .matched_txn_ids
             .iter()
-            .filter_map(|txn_id| card.bill.get(txn_id).map(|line| (line.line.status, line.line.amount)))
+            .filter_map(|txn_id| card.bill.get(txn_id).map(|line| line.line.status))
             .collect();
         let tolerance = context.config.amount_tolerance;
-        if lines.iter().any(|(status, _)| matches!(status, Failed | Errored)) {
+        if statuses.iter().any(|status| matches!(status, Failed | Errored)) {
             self.subs[sub].note(now, "R-PEND-1", "line_failed", "a matched line failed".to_string());
             self.subs[sub].flags.remove(&Flag::BillPending);
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
-        if lines.iter().any(|(status, _)| *status == Processing) {
+        if statuses.contains(&Processing) {
             self.refresh_paid_total(sub);
             let timeout = self.bill_pending_timeout_s(sub, context);
             let record = &mut self.subs[sub];
@@ -312,13 +312,10 @@ impl Agent {
             self.set_state(sub, SubState::Reviewing);
             return;
         }
-        let paid_total = lines
-            .iter()
-            .filter(|(status, _)| *status == Success)
-            .fold(Money::ZERO, |sum, (_, amount)| sum.plus(*amount));
+        let previous_paid = self.subs[sub].paid_total;
+        self.refresh_paid_total(sub);
         let record = &mut self.subs[sub];
-        let previous_paid = record.paid_total;
-        record.paid_total = paid_total;
+        let paid_total = record.paid_total;
         if record.flags.remove(&Flag::BillPending) {
             record.note(now, "R-PEND-1", "line_settled", Evidence::Text("matched lines no longer processing"));
         }

@@ -503,10 +503,8 @@ pub struct SubOrder {
     pub confirm_generation: u32,
     /// A line was matched since the last `payment_confirmed` (R-WAVE-2: no second wave then).
     pub matched_since_confirmation: bool,
-    /// The second confirmation wave found nothing while a line waited for its IFSC detail: the
-    /// user-submission rule applies only if that detail shows another payee (R-WAVE-2, R-MATCH-P1).
-    pub second_wave_waits_for_detail: bool,
-    /// The second wave of the current confirmation has fallen due (asked or not, R-WAVE-2).
+    /// The second wave of the current confirmation has fallen due (asked or not, R-WAVE-2): if a line
+    /// it relied on later proves to be another payee's, the user-submission rule applies then.
     pub second_wave_passed: bool,
     pub lapses: BTreeSet<Lapse>,
     pub ifsc_mismatch: BTreeSet<String>,
