@@ -8,7 +8,7 @@ use crate::stages::agent::state::{
     Agent, Balances, CardAuth, DebtBatch, Flag, Hold, HoldState, JournalEntry, MatchRecord, StatusChange, SubState,
     TimelineEntry,
 };
-use crate::stages::merchant::MerchantEntry;
+use crate::stages::merchant::{Merchant, MerchantEntry};
 use crate::stages::order::{MainOrder, OrderState};
 use crate::time::Timestamp;
 use serde::Serialize;
@@ -99,13 +99,14 @@ pub fn user_view(agent: &Agent) -> UserView<'_> {
     }
 }
 
-/// The order view, joining the order stage's order with the agent stage's sub-orders and holds.
-pub fn order_view<'a>(engine: &'a Engine, order: &'a MainOrder) -> OrderView<'a> {
+/// The order view, joining the order stage's order with the agent stage's sub-orders and holds. `agent`
+/// finds the agent that holds a sub-order (in one engine, or in whichever partition owns it).
+pub fn order_view<'a>(order: &'a MainOrder, agent: impl Fn(&str) -> Option<&'a Agent>) -> OrderView<'a> {
     let mut sub_orders = Vec::with_capacity(order.sub_orders.len());
     let mut debt_batches = Vec::new();
     let mut settled = true;
     for reference in &order.sub_orders {
-        let Some(agent) = engine.agents.agents.get(&reference.user_id) else {
+        let Some(agent) = agent(&reference.user_id) else {
             continue;
         };
         let Some(&index) = agent.sub_index.get(&(order.order_id.clone(), reference.seq)) else {
@@ -142,6 +143,20 @@ pub fn order_view<'a>(engine: &'a Engine, order: &'a MainOrder) -> OrderView<'a>
     }
 }
 
+/// The merchant view.
+pub fn merchant_view(merchant: &Merchant) -> MerchantView<'_> {
+    MerchantView {
+        available: merchant.balances.available,
+        payout_reserve: merchant.balances.payout_reserve,
+        journal: &merchant.journal,
+    }
+}
+
+/// Whether an order is shown: one whose creation the merchant stage has not yet accepted is not.
+pub fn order_is_shown(order: &MainOrder) -> bool {
+    !order.creating
+}
+
 impl Engine {
     /// The SPEC §9 document of the current state.
     pub fn document(&self) -> Document<'_> {
@@ -152,23 +167,14 @@ impl Engine {
                 .merchants
                 .merchants
                 .iter()
-                .map(|(id, merchant)| {
-                    (
-                        id.as_str(),
-                        MerchantView {
-                            available: merchant.balances.available,
-                            payout_reserve: merchant.balances.payout_reserve,
-                            journal: &merchant.journal,
-                        },
-                    )
-                })
+                .map(|(id, merchant)| (id.as_str(), merchant_view(merchant)))
                 .collect(),
             orders: self
                 .orders
                 .orders
                 .iter()
-                .filter(|(_, order)| !order.creating)
-                .map(|(id, order)| (id.as_str(), order_view(self, order)))
+                .filter(|(_, order)| order_is_shown(order))
+                .map(|(id, order)| (id.as_str(), order_view(order, |user_id| self.agents.agents.get(user_id))))
                 .collect(),
             outputs: self.outputs(),
         }

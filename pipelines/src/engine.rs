@@ -6,10 +6,11 @@
 use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::{Output, OutputBody};
+use crate::partition::{route_input, Routed};
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
-use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
+use crate::stages::{AgentBody, Effects, Message, Timer};
 use crate::time::Timestamp;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
 use rustc_hash::FxHashSet as HashSet;
@@ -125,59 +126,26 @@ impl Engine {
         self.run(self.clock, Work::Timer(timer));
     }
 
-    /// Which stage an input belongs to (SPEC §5 table).
+    /// Which stage an input belongs to (SPEC §5 table); wallet events feed the simulated provider.
     fn route(&mut self, input: Input) -> Option<Message> {
-        let Input { event_id, at, command } = input;
-        let message = match &command {
-            Command::Tick(_) => return None,
-            Command::WalletLine(wallet) => {
+        let at = input.at;
+        match route_input(input) {
+            Routed::Message(message) => Some(message),
+            Routed::Broadcast => None,
+            Routed::Wallet(command) => {
                 if let Some(provider) = self.provider.as_mut() {
-                    provider.add_line(&wallet.card_id, wallet.line.clone(), at);
+                    match command {
+                        Command::WalletLine(wallet) => provider.add_line(&wallet.card_id, wallet.line, at),
+                        Command::WalletLineStatus(status) => {
+                            provider.set_status(&status.card_id, &status.txn_id, status.status)
+                        }
+                        Command::WalletFault(fault) => provider.set_fault(&fault.card_id, fault.fault),
+                        _ => {}
+                    }
                 }
-                return None;
+                None
             }
-            Command::WalletLineStatus(status) => {
-                if let Some(provider) = self.provider.as_mut() {
-                    provider.set_status(&status.card_id, &status.txn_id, status.status);
-                }
-                return None;
-            }
-            Command::WalletFault(fault) => {
-                if let Some(provider) = self.provider.as_mut() {
-                    provider.set_fault(&fault.card_id, fault.fault);
-                }
-                return None;
-            }
-            Command::MerchantRegistered(c) => merchant(&c.merchant_id),
-            Command::MerchantDeposit(c) => merchant(&c.merchant_id),
-            Command::UserRegistered(c) => agent(&c.user_id),
-            Command::CardBound(c) => agent(&c.user_id),
-            Command::UserRecharge(c) => agent(&c.user_id),
-            Command::UserAdjustment(c) => agent(&c.user_id),
-            Command::CrawlResult(c) => agent(&c.user_id),
-            Command::CardReauthenticated(c) => agent(&c.user_id),
-            Command::AdminUnban(c) => agent(&c.user_id),
-            Command::CollectionCreated(c) => order(&c.order_id),
-            Command::CollectionDispatched(c) => order(&c.order_id),
-            Command::PaymentConfirmed(c) => order(&c.order_id),
-            Command::OrderCancelled(c) => order(&c.order_id),
-            Command::SupplementRequested(c) => order(&c.order_id),
-            Command::CollectionRetry(c) => order(&c.order_id),
-            Command::PayoutCreated(c) => order(&c.order_id),
-            Command::PayoutGrabbed(c) => order(&c.order_id),
-            Command::AdminApprove(c) => order(&c.order_id),
-            Command::AdminReject(c) => order(&c.order_id),
-            Command::AdminCrawlRetry(c) => order(&c.order_id),
-            Command::AdminCorrectCancel(c) => order(&c.order_id),
-            Command::AdminCancelPayout(c) => order(&c.order_id),
-        };
-        Some(match message {
-            Route::Merchant(merchant_id) => {
-                Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
-            }
-            Route::Agent(user_id) => Message::Agent { user_id, body: AgentBody::Input { event_id, command } },
-            Route::Order(order_id) => Message::Order { order_id, body: OrderBody::Input { event_id, command } },
-        })
+        }
     }
 
     /// Processes one unit of work and everything it causes, FIFO (SPEC §3).
@@ -261,22 +229,4 @@ impl Engine {
 enum Work {
     Message(Message),
     Timer(Timer),
-}
-
-enum Route {
-    Merchant(String),
-    Agent(String),
-    Order(String),
-}
-
-fn merchant(id: &str) -> Route {
-    Route::Merchant(id.to_string())
-}
-
-fn agent(id: &str) -> Route {
-    Route::Agent(id.to_string())
-}
-
-fn order(id: &str) -> Route {
-    Route::Order(id.to_string())
 }

@@ -234,11 +234,58 @@ impl Command {
     }
 }
 
+/// Every input `type` name (SPEC §5), so a name read back from a log maps to the `&'static str` the
+/// stages use.
+pub const INPUT_TYPE_NAMES: [&str; 27] = [
+    "config",
+    "merchant_registered",
+    "merchant_deposit",
+    "user_registered",
+    "card_bound",
+    "user_recharge",
+    "user_adjustment",
+    "collection_created",
+    "collection_dispatched",
+    "payment_confirmed",
+    "order_cancelled",
+    "supplement_requested",
+    "collection_retry",
+    "payout_created",
+    "payout_grabbed",
+    "crawl_result",
+    "card_reauthenticated",
+    "admin_approve",
+    "admin_reject",
+    "admin_crawl_retry",
+    "admin_correct_cancel",
+    "admin_cancel_payout",
+    "admin_unban",
+    "tick",
+    "wallet_line",
+    "wallet_line_status",
+    "wallet_fault",
+];
+
+/// A name from a fixed list. Fields of this type read back from logs with `deserialize_with`; the alias
+/// also keeps serde's derive from tying the deserializer's lifetime to `'static`.
+pub type StaticName = &'static str;
+
+/// Deserializes an input type name into its `&'static str` (for messages and outputs read from logs).
+pub fn deserialize_type_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
+    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+    INPUT_TYPE_NAMES
+        .iter()
+        .find(|known| **known == name)
+        .copied()
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown input type `{name}`")))
+}
+
 /// One input with its envelope.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Input {
     pub event_id: String,
     pub at: Timestamp,
+    #[serde(flatten)]
     pub command: Command,
 }
 

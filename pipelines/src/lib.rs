@@ -15,6 +15,7 @@ pub mod input;
 pub mod invariants;
 pub mod money;
 pub mod output;
+pub mod partition;
 pub mod replay;
 pub mod stages;
 pub mod time;

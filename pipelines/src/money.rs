@@ -159,6 +159,14 @@ impl Serialize for Money {
     }
 }
 
+/// Money travels between stages (through the logs) as the string it serializes to.
+impl<'de> serde::Deserialize<'de> for Money {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Money, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Money::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl Rate {
     /// Parses a non-negative decimal rate such as `"0.025"`, with at most [`RATE_DECIMALS_MAX`]
     /// decimals so that `amount × rate` is computed exactly before it is rounded to 0.01.

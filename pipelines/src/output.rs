@@ -3,9 +3,9 @@
 use crate::input::Provider;
 use crate::money::Money;
 use crate::time::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CrawlMode {
     OrderCheck,
@@ -13,28 +13,28 @@ pub enum CrawlMode {
     Detail,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageOrder {
     Asc,
     Desc,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderKind {
     Collection,
     Payout,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallbackStatus {
     Success,
     Cancelled,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NotificationKind {
     ReauthRequired,
@@ -43,7 +43,7 @@ pub enum NotificationKind {
 }
 
 /// A request to the statement connector (R-CHK-1, R-CHK-2, R-PEND-1, R-MATCH-P1).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CrawlRequested {
     pub request_id: String,
     pub user_id: String,
@@ -60,7 +60,7 @@ pub struct CrawlRequested {
     pub txn_id: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBody {
     CrawlRequested(CrawlRequested),
@@ -78,7 +78,8 @@ pub enum OutputBody {
     },
     Notification {
         user_id: String,
-        channel: &'static str,
+        #[serde(deserialize_with = "deserialize_channel")]
+        channel: crate::input::StaticName,
         kind: NotificationKind,
         text: String,
     },
@@ -92,14 +93,27 @@ pub enum OutputBody {
     },
     CommandRejected {
         event_id: String,
-        input_type: &'static str,
+        #[serde(deserialize_with = "crate::input::deserialize_type_name")]
+        input_type: crate::input::StaticName,
         reason: Reason,
         message: String,
     },
 }
 
+/// The only notification channel (SPEC §6).
+pub const TELEGRAM: &str = "telegram";
+
+fn deserialize_channel<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
+    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+    if name == TELEGRAM {
+        Ok(TELEGRAM)
+    } else {
+        Err(serde::de::Error::custom(format!("unknown notification channel `{name}`")))
+    }
+}
+
 /// One output, stamped with the event time of what caused it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Output {
     pub at: Timestamp,
     #[serde(flatten)]
@@ -107,7 +121,7 @@ pub struct Output {
 }
 
 /// Rejection reasons of SPEC §7 ("Rejection reasons"). Tests compare these codes, never messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     UnknownOrder,
@@ -130,7 +144,7 @@ pub enum Reason {
 }
 
 /// A refused input: its reason code and a sentence for a person.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
     pub reason: Reason,
     pub message: String,

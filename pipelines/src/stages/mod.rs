@@ -11,9 +11,10 @@ use crate::input::{CancelledBy, Command, Party};
 use crate::money::Money;
 use crate::output::{OrderKind, Output, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
 
 /// An event between stages (or from the log to a stage), routed by its key.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Message {
     Order { order_id: String, body: OrderBody },
     Agent { user_id: String, body: AgentBody },
@@ -21,14 +22,19 @@ pub enum Message {
 }
 
 /// What the order stage consumes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum OrderBody {
     /// An input of the order stage (SPEC §5 table).
     Input { event_id: String, command: Command },
     /// The merchant stage accepted a new order (and reserved a payout's funds, R-MER-3).
     CreationAccepted,
     /// The merchant stage refused a new order.
-    CreationRefused { event_id: String, input_type: &'static str, rejection: Rejection },
+    CreationRefused {
+        event_id: String,
+        #[serde(deserialize_with = "crate::input::deserialize_type_name")]
+        input_type: crate::input::StaticName,
+        rejection: Rejection,
+    },
     /// The agent stage accepted a dispatch or grab (R-DSP-1, R-PAY-2).
     DispatchAccepted { seq: u32, user_id: String, card_id: String },
     /// The agent stage refused a dispatch or grab.
@@ -38,7 +44,7 @@ pub enum OrderBody {
 }
 
 /// Sub-order outcomes the order stage turns into main-order states, merchant movements and callbacks.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum SubOutcome {
     /// R-MER-2: `actual` is the matched line's amount (or the operator's); `utr` back-fills the order.
     CollectionSucceeded { actual: Money, utr: Option<String> },
@@ -57,7 +63,7 @@ pub enum SubOutcome {
 }
 
 /// What the agent stage consumes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum AgentBody {
     /// An input of the agent stage (SPEC §5 table).
     Input { event_id: String, command: Command },
@@ -68,14 +74,15 @@ pub enum AgentBody {
         order_id: String,
         seq: u32,
         event_id: String,
-        input_type: &'static str,
+        #[serde(deserialize_with = "crate::input::deserialize_type_name")]
+        input_type: crate::input::StaticName,
         command: SubOrderCommand,
         /// The operator of an `admin_*` command, recorded with its decision (R-AUDIT-1).
         operator: Option<String>,
     },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DispatchRequest {
     pub order_id: String,
     pub seq: u32,
@@ -90,7 +97,7 @@ pub struct DispatchRequest {
     pub utr: Option<String>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum SubOrderCommand {
     PaymentConfirmed { utr: Option<String> },
     Cancel { by: CancelledBy },
@@ -104,7 +111,7 @@ pub enum SubOrderCommand {
 }
 
 /// What the merchant stage consumes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MerchantBody {
     Input {
         event_id: String,

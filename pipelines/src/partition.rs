@@ -1,0 +1,477 @@
+//! One partition of one stage (SPEC §3), the unit a partitioned runtime runs: the embedded backend runs
+//! one per (stage, partition) over a durable log, the Kafka profile one per assigned topic partition.
+//!
+//! A stage partition consumes one totally ordered log of [`StageRecord`]s: inputs routed to it, messages
+//! from other stages and ticks. Its state (the stage's keyed state, its timers, its clock and the
+//! producers' high-water marks) is a pure function of that log, so a runtime restores it by applying the
+//! log again from the start, and the partition produces the same messages and outputs byte for byte.
+//! Still pure: no I/O, no OS clock.
+
+use crate::config::Config;
+use crate::input::{Command, Input};
+use crate::output::Output;
+use crate::stages::agent::AgentStage;
+use crate::stages::merchant::MerchantStage;
+use crate::stages::order::OrderStage;
+use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Internal events one record may cause inside its partition before it is declared a livelock.
+const LOCAL_EVENTS_MAX: usize = 1_000_000;
+
+/// The three stages of SPEC §3.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageKind {
+    Order,
+    Agent,
+    Merchant,
+}
+
+impl StageKind {
+    pub const ALL: [StageKind; 3] = [StageKind::Order, StageKind::Agent, StageKind::Merchant];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StageKind::Order => "order",
+            StageKind::Agent => "agent",
+            StageKind::Merchant => "merchant",
+        }
+    }
+}
+
+/// The partition a key belongs to: CRC-32 of the key modulo the partition count (librdkafka's
+/// `consistent` partitioner), stable across processes, versions and restarts.
+pub fn partition_of(key: &str, partitions: u32) -> u32 {
+    assert!(partitions > 0, "a stage has at least one partition");
+    crc32fast::hash(key.as_bytes()) % partitions
+}
+
+/// The stage and key a message is addressed to.
+pub fn destination(message: &Message) -> (StageKind, &str) {
+    match message {
+        Message::Order { order_id, .. } => (StageKind::Order, order_id),
+        Message::Agent { user_id, .. } => (StageKind::Agent, user_id),
+        Message::Merchant { merchant_id, .. } => (StageKind::Merchant, merchant_id),
+    }
+}
+
+/// Where an input goes (SPEC §5 table).
+#[derive(Clone, Debug)]
+pub enum Routed {
+    /// To one stage, keyed.
+    Message(Message),
+    /// `tick`: to every partition of every stage (it only advances clocks).
+    Broadcast,
+    /// A simulated-wallet event: only the simulated provider consumes it.
+    Wallet(Command),
+}
+
+/// Routes an input to the stage that owns it (SPEC §5 table).
+pub fn route_input(input: Input) -> Routed {
+    let Input { event_id, command, .. } = input;
+    let key = match &command {
+        Command::Tick(_) => return Routed::Broadcast,
+        Command::WalletLine(_) | Command::WalletLineStatus(_) | Command::WalletFault(_) => {
+            return Routed::Wallet(command)
+        }
+        Command::MerchantRegistered(c) => Key::Merchant(&c.merchant_id),
+        Command::MerchantDeposit(c) => Key::Merchant(&c.merchant_id),
+        Command::UserRegistered(c) => Key::Agent(&c.user_id),
+        Command::CardBound(c) => Key::Agent(&c.user_id),
+        Command::UserRecharge(c) => Key::Agent(&c.user_id),
+        Command::UserAdjustment(c) => Key::Agent(&c.user_id),
+        Command::CrawlResult(c) => Key::Agent(&c.user_id),
+        Command::CardReauthenticated(c) => Key::Agent(&c.user_id),
+        Command::AdminUnban(c) => Key::Agent(&c.user_id),
+        Command::CollectionCreated(c) => Key::Order(&c.order_id),
+        Command::CollectionDispatched(c) => Key::Order(&c.order_id),
+        Command::PaymentConfirmed(c) => Key::Order(&c.order_id),
+        Command::OrderCancelled(c) => Key::Order(&c.order_id),
+        Command::SupplementRequested(c) => Key::Order(&c.order_id),
+        Command::CollectionRetry(c) => Key::Order(&c.order_id),
+        Command::PayoutCreated(c) => Key::Order(&c.order_id),
+        Command::PayoutGrabbed(c) => Key::Order(&c.order_id),
+        Command::AdminApprove(c) => Key::Order(&c.order_id),
+        Command::AdminReject(c) => Key::Order(&c.order_id),
+        Command::AdminCrawlRetry(c) => Key::Order(&c.order_id),
+        Command::AdminCorrectCancel(c) => Key::Order(&c.order_id),
+        Command::AdminCancelPayout(c) => Key::Order(&c.order_id),
+    };
+    let message = match key {
+        Key::Merchant(id) => {
+            let merchant_id = id.to_string();
+            Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
+        }
+        Key::Agent(id) => {
+            let user_id = id.to_string();
+            Message::Agent { user_id, body: AgentBody::Input { event_id, command } }
+        }
+        Key::Order(id) => {
+            let order_id = id.to_string();
+            Message::Order { order_id, body: OrderBody::Input { event_id, command } }
+        }
+    };
+    Routed::Message(message)
+}
+
+enum Key<'a> {
+    Merchant(&'a str),
+    Agent(&'a str),
+    Order(&'a str),
+}
+
+/// The id of a record: the position of what produced it (a log and offset, and the index among the
+/// records that one position produced). Producers append in position order, so a consumer drops any
+/// record at or below the last id it applied from the same source, whatever delivered it twice.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RecordId {
+    pub source: String,
+    pub offset: u64,
+    pub index: u32,
+}
+
+/// One record of a stage partition's input log.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StageRecord {
+    pub id: RecordId,
+    /// Event time: an input's `at`, or the time at which a stage produced the message.
+    pub at: Timestamp,
+    pub body: RecordBody,
+}
+
+/// Nearly every record is a message; boxing it to shrink the tick would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RecordBody {
+    Message {
+        message: Message,
+    },
+    /// Advances the clock: every timer due at or before `at` fires.
+    Tick,
+}
+
+/// What applying records produced: messages for other partitions (with their event time) and outputs.
+#[derive(Debug, Default)]
+pub struct Produced {
+    pub messages: Vec<(Timestamp, Message)>,
+    pub outputs: Vec<Output>,
+}
+
+impl Produced {
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.outputs.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.messages.clear();
+        self.outputs.clear();
+    }
+}
+
+/// Whether a record changed anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Applied,
+    /// At or below the high-water mark of its source: delivered twice, ignored.
+    Duplicate,
+}
+
+/// The state of one stage's partition (one per partition, so its size does not matter).
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum StageState {
+    Order(OrderStage),
+    Agent(AgentStage),
+    Merchant(MerchantStage),
+}
+
+#[derive(Debug)]
+pub struct StagePartition {
+    kind: StageKind,
+    partition: u32,
+    partitions: u32,
+    state: StageState,
+    /// Due timers by (due, creation).
+    timers: BTreeMap<(Timestamp, u64), Timer>,
+    timers_created: u64,
+    clock: Timestamp,
+    /// Last record id applied per source (exactly-once across redeliveries).
+    high_water: BTreeMap<String, (u64, u32)>,
+    effects: Effects,
+    local: VecDeque<Work>,
+    records_applied: u64,
+    duplicates_dropped: u64,
+}
+
+/// Most work is messages; boxing them to shrink the rarer timer variant would add an allocation each.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Work {
+    Message(Message),
+    Timer(Timer),
+}
+
+impl StagePartition {
+    pub fn new(kind: StageKind, partition: u32, partitions: u32, config: Config) -> StagePartition {
+        assert!(partition < partitions, "partition {partition} of {partitions}");
+        let state = match kind {
+            StageKind::Order => StageState::Order(OrderStage::default()),
+            StageKind::Agent => StageState::Agent(AgentStage::new(config)),
+            StageKind::Merchant => StageState::Merchant(MerchantStage::default()),
+        };
+        StagePartition {
+            kind,
+            partition,
+            partitions,
+            state,
+            timers: BTreeMap::new(),
+            timers_created: 0,
+            clock: Timestamp::default(),
+            high_water: BTreeMap::new(),
+            effects: Effects::default(),
+            local: VecDeque::new(),
+            records_applied: 0,
+            duplicates_dropped: 0,
+        }
+    }
+
+    pub fn kind(&self) -> StageKind {
+        self.kind
+    }
+
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    pub fn state(&self) -> &StageState {
+        &self.state
+    }
+
+    /// The largest event time consumed (SPEC §3).
+    pub fn clock(&self) -> Timestamp {
+        self.clock
+    }
+
+    /// When the next timer falls due (the ticker appends a tick only to partitions that need one).
+    pub fn next_timer_due(&self) -> Option<Timestamp> {
+        self.timers.first_key_value().map(|(&(due, _), _)| due)
+    }
+
+    pub fn records_applied(&self) -> u64 {
+        self.records_applied
+    }
+
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.duplicates_dropped
+    }
+
+    /// Applies one record of this partition's log; what it produced is appended to `produced`.
+    pub fn apply(&mut self, record: StageRecord, produced: &mut Produced) -> Applied {
+        let StageRecord { id, at, body } = record;
+        let position = (id.offset, id.index);
+        match self.high_water.get_mut(&id.source) {
+            Some(last) if *last >= position => {
+                self.duplicates_dropped += 1;
+                return Applied::Duplicate;
+            }
+            Some(last) => *last = position,
+            None => {
+                self.high_water.insert(id.source, position);
+            }
+        }
+        self.records_applied += 1;
+        match body {
+            RecordBody::Message { message } => {
+                debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
+                self.fire_timers(|due| due < at, produced);
+                self.clock = self.clock.max(at);
+                self.run(Work::Message(message), produced);
+            }
+            RecordBody::Tick => {
+                self.fire_timers(|due| due <= at, produced);
+                self.clock = self.clock.max(at);
+            }
+        }
+        Applied::Applied
+    }
+
+    fn owner_of(&self, message: &Message) -> (StageKind, u32) {
+        let (kind, key) = destination(message);
+        (kind, partition_of(key, self.partitions))
+    }
+
+    /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3).
+    fn fire_timers(&mut self, is_due: impl Fn(Timestamp) -> bool, produced: &mut Produced) {
+        while let Some((&(due, _), _)) = self.timers.first_key_value() {
+            if !is_due(due) {
+                break;
+            }
+            let Some((_, timer)) = self.timers.pop_first() else {
+                break;
+            };
+            // A timer acts, and stamps what it emits, at its due time (or at the clock if overdue).
+            self.clock = self.clock.max(due);
+            self.run(Work::Timer(timer), produced);
+        }
+    }
+
+    /// Processes one unit of work and what it causes in this partition, FIFO; messages for other
+    /// partitions leave through `produced`.
+    fn run(&mut self, first: Work, produced: &mut Produced) {
+        let now = self.clock;
+        let mut local = std::mem::take(&mut self.local);
+        debug_assert!(local.is_empty());
+        local.push_back(first);
+        let mut processed = 0usize;
+        while let Some(work) = local.pop_front() {
+            processed += 1;
+            assert!(processed <= LOCAL_EVENTS_MAX, "livelock: one record caused {LOCAL_EVENTS_MAX} events");
+            self.effects.now = now;
+            match work {
+                Work::Message(message) => self.deliver(message),
+                Work::Timer(timer) => self.fire(timer),
+            }
+            produced.outputs.append(&mut self.effects.outputs);
+            for message in self.effects.messages.drain(..) {
+                let (kind, key) = destination(&message);
+                if kind == self.kind && partition_of(key, self.partitions) == self.partition {
+                    local.push_back(Work::Message(message));
+                } else {
+                    produced.messages.push((now, message));
+                }
+            }
+            for (due, timer) in self.effects.timers.drain(..) {
+                self.timers_created += 1;
+                self.timers.insert((due, self.timers_created), timer);
+            }
+        }
+        self.local = local;
+    }
+
+    fn deliver(&mut self, message: Message) {
+        let effects = &mut self.effects;
+        match (&mut self.state, message) {
+            (StageState::Order(stage), Message::Order { order_id, body }) => stage.handle(&order_id, body, effects),
+            (StageState::Agent(stage), Message::Agent { user_id, body }) => stage.handle(&user_id, body, effects),
+            (StageState::Merchant(stage), Message::Merchant { merchant_id, body }) => {
+                stage.handle(&merchant_id, body, effects)
+            }
+            (_, message) => debug_assert!(false, "a {} partition got {message:?}", self.kind.name()),
+        }
+    }
+
+    fn fire(&mut self, timer: Timer) {
+        let effects = &mut self.effects;
+        match (&mut self.state, timer) {
+            (StageState::Order(stage), Timer::Order { order_id, timer }) => stage.on_timer(&order_id, timer, effects),
+            (StageState::Agent(stage), Timer::Agent { user_id, timer }) => stage.on_timer(&user_id, timer, effects),
+            // Provider timers belong to the simulated provider of replay, which a runtime does not run.
+            (_, timer) => debug_assert!(false, "a {} partition got timer {timer:?}", self.kind.name()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{parse_line, Parsed};
+    use crate::stages::agent::state::Agent;
+
+    fn input(line: &str, event_id: &str) -> Input {
+        match parse_line(line, || event_id.to_string()) {
+            Ok(Parsed::Input(input)) => input,
+            other => panic!("not an input: {other:?}"),
+        }
+    }
+
+    fn record(line: &str, offset: u64) -> StageRecord {
+        let input = input(line, &format!("line:{offset}"));
+        let at = input.at;
+        let Routed::Message(message) = route_input(input) else { panic!("not routed to a stage") };
+        StageRecord {
+            id: RecordId { source: "ingest".to_string(), offset, index: 0 },
+            at,
+            body: RecordBody::Message { message },
+        }
+    }
+
+    fn agent<'a>(partition: &'a StagePartition, user_id: &str) -> &'a Agent {
+        match partition.state() {
+            StageState::Agent(stage) => stage.agents.get(user_id).expect("the agent exists"),
+            other => panic!("not an agent partition: {other:?}"),
+        }
+    }
+
+    const REGISTERED: &str =
+        r#"{"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u1","telegram_bound":false}"#;
+    const RECHARGED: &str =
+        r#"{"type":"user_recharge","at":"2026-03-02T09:00:01Z","user_id":"u1","amount":"500.00","commission":"0.00"}"#;
+
+    #[test]
+    fn a_record_delivered_twice_is_applied_once() {
+        let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
+        let mut produced = Produced::default();
+        assert_eq!(partition.apply(record(REGISTERED, 0), &mut produced), Applied::Applied);
+        assert_eq!(partition.apply(record(RECHARGED, 1), &mut produced), Applied::Applied);
+        assert_eq!(partition.apply(record(RECHARGED, 1), &mut produced), Applied::Duplicate);
+        assert_eq!(partition.apply(record(REGISTERED, 0), &mut produced), Applied::Duplicate);
+        assert_eq!(agent(&partition, "u1").available.to_string(), "500.00");
+        assert_eq!(agent(&partition, "u1").journal.len(), 1);
+        assert_eq!(partition.duplicates_dropped(), 2);
+    }
+
+    #[test]
+    fn records_survive_the_log_byte_for_byte() {
+        let original = record(RECHARGED, 7);
+        let bytes = serde_json::to_vec(&original).expect("serializes");
+        let decoded: StageRecord = serde_json::from_slice(&bytes).expect("deserializes");
+        assert_eq!(serde_json::to_vec(&decoded).expect("serializes"), bytes);
+        assert_eq!(decoded.id, original.id);
+    }
+
+    #[test]
+    fn partitions_are_stable_across_versions() {
+        // CRC-32 (IEEE) of the key: these values must never change, or keys would move partitions.
+        assert_eq!(crc32fast::hash(b"u1"), 1_112_514_422);
+        assert_eq!(partition_of("u1", 4), 1_112_514_422 % 4);
+        assert_eq!(partition_of("u1", 1), 0);
+        let spread: std::collections::BTreeSet<u32> = (0..64).map(|n| partition_of(&format!("user-{n}"), 4)).collect();
+        assert_eq!(spread.len(), 4, "keys spread over every partition");
+    }
+
+    #[test]
+    fn a_tick_fires_the_timers_due_at_or_before_it() {
+        let mut partition = StagePartition::new(StageKind::Order, 0, 1, Config::default());
+        let mut produced = Produced::default();
+        let created = r#"{"type":"collection_created","at":"2026-03-02T09:00:00Z","order_id":"o1","merchant_id":"m1","amount":"10.00","expires_at":"2026-03-02T09:10:00Z"}"#;
+        partition.apply(record(created, 0), &mut produced);
+        assert!(produced.messages.iter().any(|(_, message)| matches!(message, Message::Merchant { .. })));
+        let accepted = |offset| StageRecord {
+            id: RecordId { source: "merchant-0".to_string(), offset, index: 0 },
+            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
+            body: RecordBody::Message {
+                message: Message::Order { order_id: "o1".to_string(), body: OrderBody::CreationAccepted },
+            },
+        };
+        partition.apply(accepted(0), &mut produced);
+        let due = Timestamp::parse("2026-03-02T09:10:00Z").expect("a time");
+        assert_eq!(partition.next_timer_due(), Some(due), "R-EXP-1 expiry timer");
+        let tick = |offset, at| StageRecord {
+            id: RecordId { source: "ticker".to_string(), offset, index: 0 },
+            at,
+            body: RecordBody::Tick,
+        };
+        produced.clear();
+        partition.apply(tick(1, Timestamp::parse("2026-03-02T09:09:59Z").expect("a time")), &mut produced);
+        assert_eq!(partition.next_timer_due(), Some(due), "not due yet");
+        partition.apply(tick(2, due), &mut produced);
+        assert_eq!(partition.next_timer_due(), None, "a tick fires timers due at its time");
+        assert!(produced.outputs.iter().any(|output| output.at == due), "the expiry acts at its due time");
+        partition.apply(tick(3, Timestamp::parse("2026-03-02T09:20:00Z").expect("a time")), &mut produced);
+        assert_eq!(partition.clock(), Timestamp::parse("2026-03-02T09:20:00Z").expect("a time"));
+    }
+}
