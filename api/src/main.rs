@@ -1,8 +1,20 @@
-//! The `paisa` binary. `paisa replay FILE` prints the SPEC §9 document of a scenario.
+//! The `paisa` binary: `paisa replay FILE` prints the SPEC §9 document of a scenario; `paisa serve` runs
+//! the pipeline on the embedded store behind the HTTP API; `paisa wallet-sim` serves the simulated
+//! statement provider over HTTP (SPEC §10).
+
+mod demo;
+mod http;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use connectors::embedded::{connector_loop, Embedded, EmbeddedConfig};
+use connectors::runtime::ClockMode;
+use connectors::statement::{StatementConfig, StatementConnector};
+use connectors::wallet_sim_http::SimClock;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(name = "paisa", version, about = "Reconciles e-wallet statements against merchant payment orders")]
@@ -11,12 +23,51 @@ struct Cli {
     command: Commands,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Clock {
+    /// The server stamps `at` from the wall clock and ticks follow it.
+    System,
+    /// The posted `at` drives time (tests, reprocessing).
+    Event,
+}
+
 #[derive(Subcommand)]
 enum Commands {
     /// Replays a JSON-lines scenario (SPEC §9) and prints the final state as JSON.
     Replay {
         /// The scenario file.
-        file: std::path::PathBuf,
+        file: PathBuf,
+    },
+    /// Runs the pipeline on the embedded store behind the HTTP API.
+    Serve {
+        /// The data directory (created if missing; with `--demo`, a fresh temporary one by default).
+        #[arg(long, required_unless_present = "demo")]
+        data_dir: Option<PathBuf>,
+        /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        #[arg(long, value_enum, default_value = "system")]
+        clock: Clock,
+        /// Base URL of the statement provider (SPEC §10); without it crawl requests time out (R-CHK-1).
+        #[arg(long)]
+        statement_provider: Option<String>,
+        /// Partitions per stage (fixed when the data directory is created).
+        #[arg(long, default_value_t = 2)]
+        partitions: u32,
+        /// A JSON file of SPEC §8 settings (the keys of a `config` line).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Also runs an in-process wallet simulator and synthetic traffic (short waves: closes within
+        /// a minute).
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Serves the simulated statement provider over HTTP (SPEC §10).
+    WalletSim {
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: SocketAddr,
+        #[arg(long, value_enum, default_value = "system")]
+        clock: Clock,
     },
 }
 
@@ -30,10 +81,40 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Commands::Serve { data_dir, listen, clock, statement_provider, partitions, config, demo } => {
+            install_tracing();
+            let options = ServeOptions { data_dir, listen, clock, statement_provider, partitions, config, demo };
+            exit_on_error("paisa serve", run_async(serve(options)))
+        }
+        Commands::WalletSim { listen, clock } => {
+            install_tracing();
+            exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
+        }
     }
 }
 
-fn replay(file: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name}: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_async(future: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?.block_on(future)
+}
+
+/// Structured logs on stderr (JSON), filtered by `RUST_LOG` (default `info`).
+fn install_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn replay(file: &Path) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     match pipelines::replay::replay_to_json(&text) {
         Ok(document) => {
@@ -45,4 +126,147 @@ fn replay(file: &std::path::Path) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
     }
+}
+
+struct ServeOptions {
+    data_dir: Option<PathBuf>,
+    listen: SocketAddr,
+    clock: Clock,
+    statement_provider: Option<String>,
+    partitions: u32,
+    config: Option<PathBuf>,
+    demo: bool,
+}
+
+fn engine_config(path: Option<&Path>) -> anyhow::Result<pipelines::Config> {
+    let Some(path) = path else {
+        return Ok(pipelines::Config::default());
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let overrides = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    pipelines::Config::from_overrides(overrides).with_context(|| format!("invalid settings in {}", path.display()))
+}
+
+async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
+    let clock = match options.clock {
+        Clock::System => ClockMode::System,
+        Clock::Event => ClockMode::Event,
+    };
+    if options.demo && clock == ClockMode::Event {
+        anyhow::bail!("--demo runs on the system clock");
+    }
+    let data_dir = match options.data_dir.take() {
+        Some(data_dir) => data_dir,
+        None => std::env::temp_dir().join(format!("paisa-demo-{}", std::process::id())),
+    };
+    let mut config = EmbeddedConfig::new(data_dir, clock);
+    config.partitions = options.partitions;
+    config.engine = match (&options.config, options.demo) {
+        (None, true) => demo::demo_config()?,
+        (path, _) => engine_config(path.as_deref())?,
+    };
+    let embedded = tokio::task::spawn_blocking(move || Embedded::start(config)).await??;
+    if options.demo && options.statement_provider.is_none() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the wallet simulator")?;
+        options.statement_provider = Some(format!("http://{}", listener.local_addr()?));
+        tokio::spawn(connectors::wallet_sim_http::serve(listener, SimClock::System, std::future::pending()));
+    }
+    if let Some(base_url) = options.statement_provider.clone() {
+        let connector = StatementConnector::new(&StatementConfig::new(base_url))?;
+        let runner = embedded.clone();
+        tokio::spawn(async move {
+            if let Err(error) = connector_loop::run(runner, Arc::new(connector)).await {
+                tracing::error!(%error, "the statement connector stopped");
+            }
+        });
+    }
+    let mut admin_key = std::env::var("PAISA_ADMIN_KEY").unwrap_or_default();
+    if options.demo && admin_key.is_empty() {
+        admin_key = DEMO_ADMIN_KEY.to_string();
+    }
+    if admin_key.is_empty() {
+        tracing::warn!("PAISA_ADMIN_KEY is not set: admin endpoints refuse every request");
+    }
+    let api_clock = match clock {
+        ClockMode::System => http::ClockMode::System,
+        ClockMode::Event => http::ClockMode::Event,
+    };
+    let state = http::ApiState::new(Arc::new(embedded.clone()), api_clock, &admin_key, http::Limits::default());
+    let listener = tokio::net::TcpListener::bind(options.listen).await.context("binding the listen address")?;
+    let address = listener.local_addr()?;
+    println!("paisa serve listening on http://{address}");
+    if options.demo {
+        print_demo_help(address, &admin_key);
+        let pipeline: Arc<dyn connectors::runtime::PipelineHandle> = Arc::new(embedded.clone());
+        let wallet_sim = options.statement_provider.clone().unwrap_or_default();
+        tokio::spawn(demo::Demo::new(pipeline, wallet_sim).run());
+    }
+    tracing::info!(%address, "listening");
+    let failed = embedded.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = watch_failure(failed) => {}
+        }
+    };
+    axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await?;
+    let stopping = embedded.clone();
+    tokio::task::spawn_blocking(move || stopping.stop()).await?;
+    match embedded.failure() {
+        Some(failure) => anyhow::bail!("processing failed: {failure}"),
+        None => Ok(()),
+    }
+}
+
+/// The admin key `--demo` uses when `PAISA_ADMIN_KEY` is not set.
+const DEMO_ADMIN_KEY: &str = "demo-admin-key";
+
+fn print_demo_help(address: SocketAddr, admin_key: &str) {
+    println!("demo traffic started; try, within a minute:");
+    println!("  curl -s -H 'Authorization: Bearer {admin_key}' http://{address}/v1/orders/demo-c0");
+    println!("  curl -s -H 'Authorization: Bearer {admin_key}' http://{address}/v1/orders/demo-c4   # closed unpaid");
+    println!("  curl -s -H 'Authorization: Bearer {admin_key}' http://{address}/v1/users/agent-4/balance   # banned");
+    println!("  curl -s -H 'Authorization: Bearer {admin_key}' http://{address}/v1/merchants/demo-merchant/balance");
+    println!("  curl -s -H 'Authorization: Bearer {admin_key}' http://{address}/v1/admin/review-queue");
+}
+
+/// Completes when processing has failed (the service then exits; a restart recovers from the log).
+async fn watch_failure(embedded: Embedded) {
+    while embedded.failure().is_none() {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+async fn wallet_sim(listen: SocketAddr, clock: Clock) -> anyhow::Result<()> {
+    let clock = match clock {
+        Clock::System => SimClock::System,
+        Clock::Event => SimClock::Event,
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await.context("binding the listen address")?;
+    let address = listener.local_addr()?;
+    println!("paisa wallet-sim listening on http://{address}");
+    tracing::info!(%address, %clock, "wallet simulator listening");
+    connectors::wallet_sim_http::serve(listener, clock, shutdown_signal()).await?;
+    Ok(())
 }

@@ -1,0 +1,109 @@
+//! The statement connector's processing loop on the embedded store: consumes `crawl_requested` from the
+//! outputs log, asks the provider (concurrently within a batch, bounded per provider by the connector),
+//! and commits the `crawl_result` inputs together with its consumer offset, so a crash re-asks the
+//! provider (reads are idempotent) but never appends an answer twice.
+
+use super::{system_now, Embedded};
+use crate::runtime::{encode, stage_log, ClockMode, OutputRecord, RuntimeError, Store, WriteBatch};
+use crate::runtime::{CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::statement::StatementConnector;
+use pipelines::input::Command;
+use pipelines::output::{CrawlRequested, OutputBody};
+use pipelines::partition::{partition_of, RecordBody, RecordId, StageKind, StageRecord};
+use pipelines::stages::{AgentBody, Message};
+use pipelines::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Outputs one connector batch reads at most (each crawl in it may take up to the request timeout).
+pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 256;
+
+/// Runs until the pipeline stops; a store failure stops the loop and is returned.
+pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
+    embedded.attach_connector();
+    while !embedded.stopping() {
+        let consumed = step(&embedded, &connector).await?;
+        if consumed == 0 {
+            let waiter = embedded.clone();
+            let _ = tokio::task::spawn_blocking(move || waiter.wait_for_outputs(Duration::from_millis(100))).await;
+        }
+    }
+    Ok(())
+}
+
+/// One batch: returns the outputs consumed.
+async fn step(embedded: &Embedded, connector: &Arc<StatementConnector>) -> Result<usize, RuntimeError> {
+    let store = embedded.store();
+    let from = store.committed(CONNECTOR_CONSUMER)?;
+    let records = store.read(OUTPUTS_LOG, from, CONNECTOR_BATCH_RECORDS_MAX)?;
+    let Some(&(last_offset, _)) = records.last() else {
+        return Ok(0);
+    };
+    let mut requests = Vec::new();
+    for (offset, bytes) in &records {
+        match serde_json::from_slice::<OutputRecord>(bytes) {
+            Ok(OutputRecord { output, .. }) => {
+                if let OutputBody::CrawlRequested(request) = output.body {
+                    requests.push((*offset, output.at, request));
+                }
+            }
+            Err(error) => tracing::error!(offset, %error, "undecodable output skipped by the connector"),
+        }
+    }
+    let mut calls = tokio::task::JoinSet::new();
+    for (index, (_, _, request)) in requests.iter().enumerate() {
+        let connector = Arc::clone(connector);
+        let request = request.clone();
+        calls.spawn(async move { (index, connector.crawl(&request).await) });
+    }
+    let mut results = vec![None; requests.len()];
+    while let Some(joined) = calls.join_next().await {
+        let (index, result) = joined.map_err(|error| RuntimeError::Fatal(format!("a crawl task failed: {error}")))?;
+        results[index] = Some(result);
+    }
+    let mut batch = WriteBatch::default();
+    let partitions = embedded.config().partitions;
+    for ((offset, requested_at, request), result) in requests.iter().zip(results) {
+        let Some(result) = result else { continue };
+        let at = answer_time(embedded, *requested_at);
+        let record = answer_record(*offset, at, request, result);
+        batch.appends.push((stage_log(StageKind::Agent, partition_of(&request.user_id, partitions)), encode(&record)?));
+    }
+    batch.offsets.push((CONNECTOR_CONSUMER.to_string(), last_offset + 1));
+    let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    let committer = embedded.clone();
+    tokio::task::spawn_blocking(move || committer.store().commit(batch))
+        .await
+        .map_err(|error| RuntimeError::Fatal(format!("the commit task failed: {error}")))??;
+    embedded.ring(&logs);
+    Ok(records.len())
+}
+
+/// When the answer happened: the wall clock, or (event clock) the request's time plus the configured
+/// provider latency, so an event-clock run answers at the same event time as replay (SPEC §9).
+fn answer_time(embedded: &Embedded, requested_at: Timestamp) -> Timestamp {
+    match embedded.config().clock {
+        ClockMode::System => system_now().max(requested_at),
+        ClockMode::Event => requested_at.plus_seconds(embedded.config().engine.crawl_latency_s),
+    }
+}
+
+fn answer_record(
+    offset: u64,
+    at: Timestamp,
+    request: &CrawlRequested,
+    result: pipelines::input::CrawlResult,
+) -> StageRecord {
+    let message = Message::Agent {
+        user_id: request.user_id.clone(),
+        body: AgentBody::Input {
+            event_id: format!("crawl:{}", request.request_id),
+            command: Command::CrawlResult(result),
+        },
+    };
+    StageRecord {
+        id: RecordId { source: OUTPUTS_LOG.to_string(), offset, index: 0 },
+        at,
+        body: RecordBody::Message { message },
+    }
+}

@@ -1,0 +1,427 @@
+//! The embedded backend: the whole pipeline in one process and one data directory.
+//!
+//! Every stage partition (SPEC §3: order, agent and merchant stages, each split by the hash of its key)
+//! consumes one durable log in `paisa.redb` on its own thread, through [`crate::runtime::process_batch`]:
+//! read a batch, apply it to the pure stage, commit produced records + outputs + offset atomically.
+//! Working state lives in memory and is rebuilt at start by applying each log up to its committed
+//! offset ([`crate::runtime::restore`]); the stages are deterministic, so it comes back byte for byte.
+
+pub mod connector_loop;
+mod reads;
+pub mod store;
+
+use crate::runtime::{
+    encode, process_batch, read_lock, restore, stage_log, Appended, ClockMode, KeyValueTable, PipelineHandle,
+    RuntimeError, Store, WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG,
+};
+use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
+use pipelines::{Config, Input, Timestamp};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Duration;
+use store::RedbStore;
+
+/// Settings of the embedded backend.
+#[derive(Clone, Debug)]
+pub struct EmbeddedConfig {
+    /// The data directory (created if missing).
+    pub data_dir: PathBuf,
+    /// Partitions per stage; fixed when the data directory is created.
+    pub partitions: u32,
+    /// Records one processing batch reads at most (one commit per batch).
+    pub batch_records_max: usize,
+    /// How time enters (SPEC §3).
+    pub clock: ClockMode,
+    /// How often the ticker looks for partitions with timers due.
+    pub tick_interval_ms: u64,
+    /// The engine configuration (SPEC §8).
+    pub engine: Config,
+}
+
+impl EmbeddedConfig {
+    pub fn new(data_dir: PathBuf, clock: ClockMode) -> EmbeddedConfig {
+        EmbeddedConfig {
+            data_dir,
+            partitions: 2,
+            batch_records_max: 1024,
+            clock,
+            tick_interval_ms: 1000,
+            engine: Config::default(),
+        }
+    }
+}
+
+/// Partitions per stage at most (each is a thread).
+pub const PARTITIONS_MAX: u32 = 64;
+
+/// A doorbell a producer rings after a commit so the consumer of a log wakes at once.
+#[derive(Default)]
+pub struct Doorbell {
+    rung: Mutex<bool>,
+    condvar: Condvar,
+}
+
+impl Doorbell {
+    pub fn ring(&self) {
+        let mut rung = self.rung.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *rung = true;
+        self.condvar.notify_all();
+    }
+
+    /// Waits until rung or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        let rung = self.rung.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut rung, _) = self
+            .condvar
+            .wait_timeout_while(rung, timeout, |rung| !*rung)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *rung = false;
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: RedbStore,
+    pub(crate) config: EmbeddedConfig,
+    /// Stage partitions by (stage, partition).
+    pub(crate) partitions: BTreeMap<(StageKind, u32), Arc<RwLock<StagePartition>>>,
+    pub(crate) doorbells: BTreeMap<String, Arc<Doorbell>>,
+    ready: AtomicBool,
+    stopping: AtomicBool,
+    failure: Mutex<Option<String>>,
+    /// The largest `at` ingested (the event clock of `ClockMode::Event` ticks), in milliseconds.
+    ingested_at_max_ms: AtomicI64,
+    /// Whether a statement connector consumes the outputs log (it counts in the lag only then).
+    pub(crate) connector_attached: AtomicBool,
+}
+
+/// A running embedded pipeline.
+#[derive(Clone)]
+pub struct Embedded {
+    pub(crate) inner: Arc<Inner>,
+    threads: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
+}
+
+impl Embedded {
+    /// Opens the data directory, restores every stage partition from its log and starts the processing
+    /// threads and the ticker.
+    pub fn start(config: EmbeddedConfig) -> Result<Embedded, RuntimeError> {
+        if config.partitions == 0 || config.partitions > PARTITIONS_MAX {
+            return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
+        }
+        let store = RedbStore::open(&config.data_dir)?;
+        check_partitions(&store, config.partitions)?;
+        let mut partitions = BTreeMap::new();
+        let mut doorbells = BTreeMap::new();
+        let mut clock_ms = 0;
+        for kind in StageKind::ALL {
+            for index in 0..config.partitions {
+                let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
+                let restored = restore(&store, &mut partition, config.batch_records_max)?;
+                tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
+                clock_ms = clock_ms.max(partition.clock().millis());
+                partitions.insert((kind, index), Arc::new(RwLock::new(partition)));
+                doorbells.insert(stage_log(kind, index), Arc::new(Doorbell::default()));
+            }
+        }
+        doorbells.insert(OUTPUTS_LOG.to_string(), Arc::new(Doorbell::default()));
+        let inner = Arc::new(Inner {
+            store,
+            config,
+            partitions,
+            doorbells,
+            ready: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            ingested_at_max_ms: AtomicI64::new(clock_ms),
+            connector_attached: AtomicBool::new(false),
+        });
+        let embedded = Embedded { inner, threads: Arc::new(Mutex::new(Vec::new())) };
+        embedded.spawn_threads()?;
+        embedded.inner.ready.store(true, Ordering::SeqCst);
+        Ok(embedded)
+    }
+
+    fn spawn_threads(&self) -> Result<(), RuntimeError> {
+        let mut threads = self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (&(kind, index), partition) in &self.inner.partitions {
+            let inner = Arc::clone(&self.inner);
+            let partition = Arc::clone(partition);
+            let name = stage_log(kind, index);
+            let thread = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || run_partition(&inner, &partition, &name))
+                .map_err(|error| RuntimeError::Fatal(format!("spawning {kind:?}: {error}")))?;
+            threads.push(thread);
+        }
+        let inner = Arc::clone(&self.inner);
+        let ticker = std::thread::Builder::new()
+            .name("ticker".to_string())
+            .spawn(move || run_ticker(&inner))
+            .map_err(|error| RuntimeError::Fatal(format!("spawning the ticker: {error}")))?;
+        threads.push(ticker);
+        Ok(())
+    }
+
+    /// The failure that stopped processing, if any (the service exits on it and a restart recovers).
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Stops the threads after their current batch.
+    pub fn stop(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        for doorbell in self.inner.doorbells.values() {
+            doorbell.ring();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+
+    /// The store (the connector loop commits through it).
+    pub fn store(&self) -> &RedbStore {
+        &self.inner.store
+    }
+
+    pub fn config(&self) -> &EmbeddedConfig {
+        &self.inner.config
+    }
+
+    /// Wakes the consumers of `logs` (after a commit that appended to them).
+    pub fn ring<'a>(&self, logs: impl IntoIterator<Item = &'a String>) {
+        ring(&self.inner, logs)
+    }
+
+    /// Waits (up to `timeout`) for new outputs.
+    pub fn wait_for_outputs(&self, timeout: Duration) {
+        if let Some(doorbell) = self.inner.doorbells.get(OUTPUTS_LOG) {
+            doorbell.wait(timeout)
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Marks the outputs log as consumed by a statement connector (so its backlog counts as lag).
+    pub fn attach_connector(&self) {
+        self.inner.connector_attached.store(true, Ordering::SeqCst);
+    }
+}
+
+fn ring<'a>(inner: &Inner, logs: impl IntoIterator<Item = &'a String>) {
+    for log in logs {
+        if let Some(doorbell) = inner.doorbells.get(log) {
+            doorbell.ring();
+        }
+    }
+}
+
+/// Refuses a data directory created with another partition count (keys would land elsewhere).
+fn check_partitions(store: &RedbStore, partitions: u32) -> Result<(), RuntimeError> {
+    match store.get(KeyValueTable::Meta, "partitions")? {
+        Some(existing) if existing != partitions.to_string() => Err(RuntimeError::Fatal(format!(
+            "the data directory has {existing} partitions per stage; started with {partitions}"
+        ))),
+        Some(_) => Ok(()),
+        None => store.put(KeyValueTable::Meta, "partitions", &partitions.to_string()),
+    }
+}
+
+/// One stage partition's processing loop: batches until stopped; a fatal error stops the service.
+fn run_partition(inner: &Inner, partition: &RwLock<StagePartition>, log: &str) {
+    let Some(doorbell) = inner.doorbells.get(log).cloned() else {
+        return;
+    };
+    let mut retry_delay_ms = 10;
+    while !inner.stopping.load(Ordering::SeqCst) {
+        match process_batch(&inner.store, partition, inner.config.partitions, inner.config.batch_records_max) {
+            Ok(report) if report.consumed == 0 => doorbell.wait(Duration::from_millis(200)),
+            Ok(report) => {
+                retry_delay_ms = 10;
+                ring(inner, &report.appended_logs);
+            }
+            Err(error) if error.is_retryable() => {
+                tracing::warn!(log, %error, "retrying");
+                std::thread::sleep(Duration::from_millis(retry_delay_ms));
+                retry_delay_ms = (retry_delay_ms * 2).min(5_000);
+            }
+            Err(error) => {
+                tracing::error!(log, %error, "processing stopped");
+                fail(inner, format!("{log}: {error}"));
+                return;
+            }
+        }
+    }
+}
+
+fn fail(inner: &Inner, message: String) {
+    *inner.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
+    inner.ready.store(false, Ordering::SeqCst);
+    inner.stopping.store(true, Ordering::SeqCst);
+}
+
+/// Appends a `tick` to every partition with a timer due (SPEC §3: timers fire on quiet partitions).
+fn run_ticker(inner: &Inner) {
+    let mut last_tick_ms: BTreeMap<(StageKind, u32), i64> = BTreeMap::new();
+    while !inner.stopping.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(inner.config.tick_interval_ms));
+        let now_ms = match inner.config.clock {
+            ClockMode::System => system_now().millis(),
+            ClockMode::Event => inner.ingested_at_max_ms.load(Ordering::SeqCst),
+        };
+        if let Err(error) = tick(inner, now_ms, &mut last_tick_ms) {
+            tracing::warn!(%error, "tick not appended");
+        }
+    }
+}
+
+fn tick(inner: &Inner, now_ms: i64, last_tick_ms: &mut BTreeMap<(StageKind, u32), i64>) -> Result<(), RuntimeError> {
+    let mut batch = WriteBatch::default();
+    for (&(kind, index), partition) in &inner.partitions {
+        let due = read_lock(partition).next_timer_due();
+        let last = last_tick_ms.get(&(kind, index)).copied().unwrap_or(i64::MIN);
+        if due.is_some_and(|due| due.millis() <= now_ms) && now_ms > last {
+            let record = StageRecord {
+                // A tick's id is its time: ticks only move forward, and one redelivered is dropped.
+                id: RecordId { source: "ticker".to_string(), offset: now_ms as u64, index: 0 },
+                at: Timestamp::from_millis(now_ms),
+                body: RecordBody::Tick,
+            };
+            batch.appends.push((stage_log(kind, index), encode(&record)?));
+            last_tick_ms.insert((kind, index), now_ms);
+        }
+    }
+    if batch.appends.is_empty() {
+        return Ok(());
+    }
+    let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    inner.store.commit(batch)?;
+    ring(inner, &logs);
+    Ok(())
+}
+
+/// The wall clock as event time (only the runtime reads it; the stages never do).
+pub fn system_now() -> Timestamp {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
+    Timestamp::from_millis(millis)
+}
+
+impl Inner {
+    /// Encodes an input as the records it becomes: one for its stage partition, or a tick for every
+    /// partition.
+    fn records_of(&self, input: &Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+        let id = |index: u32| RecordId { source: "ingest".to_string(), offset: position, index };
+        match route_input(input.clone()) {
+            Routed::Message(message) => {
+                let (kind, key) = pipelines::partition::destination(&message);
+                let log = stage_log(kind, pipelines::partition::partition_of(key, self.config.partitions));
+                let record = StageRecord { id: id(0), at: input.at, body: RecordBody::Message { message } };
+                Ok(vec![(log, encode(&record)?)])
+            }
+            Routed::Broadcast => {
+                let mut records = Vec::with_capacity(self.partitions.len());
+                for (index, &(kind, partition)) in self.partitions.keys().enumerate() {
+                    let record = StageRecord { id: id(index as u32), at: input.at, body: RecordBody::Tick };
+                    records.push((stage_log(kind, partition), encode(&record)?));
+                }
+                Ok(records)
+            }
+            Routed::Wallet(command) => Err(RuntimeError::Invalid(format!(
+                "`{}` belongs to the statement provider, not the pipeline",
+                command.type_name()
+            ))),
+        }
+    }
+}
+
+impl PipelineHandle for Embedded {
+    fn append(&self, inputs: Vec<Input>) -> Result<Vec<Appended>, RuntimeError> {
+        if self.stopping() {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        let event_ids: Vec<&str> = inputs.iter().map(|input| input.event_id.as_str()).collect();
+        let mut logs = Vec::new();
+        let outcomes = self.inner.store.ingest(&event_ids, &mut |index, position| {
+            let records = self.inner.records_of(&inputs[index], position)?;
+            logs.extend(records.iter().map(|(log, _)| log.clone()));
+            Ok(records)
+        })?;
+        if let Some(at) = inputs.iter().map(|input| input.at.millis()).max() {
+            self.inner.ingested_at_max_ms.fetch_max(at, Ordering::SeqCst);
+        }
+        ring(&self.inner, &logs);
+        Ok(outcomes)
+    }
+
+    fn event_position(&self, event_id: &str) -> Option<u64> {
+        self.inner.store.event_position(event_id).ok().flatten()
+    }
+
+    fn order(&self, order_id: &str) -> Option<serde_json::Value> {
+        reads::order(&self.inner, order_id)
+    }
+
+    fn order_merchant(&self, order_id: &str) -> Option<String> {
+        reads::order_merchant(&self.inner, order_id)
+    }
+
+    fn user(&self, user_id: &str) -> Option<serde_json::Value> {
+        reads::user(&self.inner, user_id)
+    }
+
+    fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Option<crate::runtime::Page> {
+        reads::user_journal(&self.inner, user_id, after_seq, limit)
+    }
+
+    fn merchant(&self, merchant_id: &str) -> Option<serde_json::Value> {
+        reads::merchant(&self.inner, merchant_id)
+    }
+
+    fn merchant_journal(&self, merchant_id: &str, after_seq: u64, limit: usize) -> Option<crate::runtime::Page> {
+        reads::merchant_journal(&self.inner, merchant_id, after_seq, limit)
+    }
+
+    fn review_queue(&self, cursor: Option<&str>, limit: usize) -> crate::runtime::Page {
+        reads::review_queue(&self.inner, cursor, limit)
+    }
+
+    fn card_owner(&self, card_id: &str) -> Option<String> {
+        reads::card_owner(&self.inner, card_id)
+    }
+
+    fn snapshot(&self) -> serde_json::Value {
+        reads::snapshot(&self.inner)
+    }
+
+    fn lag(&self) -> u64 {
+        reads::lag(&self.inner)
+    }
+
+    fn ready(&self) -> bool {
+        self.inner.ready.load(Ordering::SeqCst)
+    }
+
+    fn put_merchant_key(&self, key_sha256_hex: &str, merchant_id: &str) -> Result<(), RuntimeError> {
+        self.inner.store.put(KeyValueTable::MerchantKeys, key_sha256_hex, merchant_id)
+    }
+
+    fn merchant_of_key(&self, key_sha256_hex: &str) -> Option<String> {
+        self.inner.store.get(KeyValueTable::MerchantKeys, key_sha256_hex).ok().flatten()
+    }
+}
+
+/// The consumer offset of the statement connector and the outputs log's head (its backlog).
+pub(crate) fn connector_backlog(inner: &Inner) -> u64 {
+    if !inner.connector_attached.load(Ordering::SeqCst) {
+        return 0;
+    }
+    let head = inner.store.head(OUTPUTS_LOG).unwrap_or(0);
+    let committed = inner.store.committed(CONNECTOR_CONSUMER).unwrap_or(0);
+    head.saturating_sub(committed)
+}

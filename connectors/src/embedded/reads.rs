@@ -1,0 +1,226 @@
+//! Reads served from the stage partitions' materialised state (read locks; a processing thread holds
+//! the write lock of its own partition only for the in-memory part of one batch).
+
+use super::Inner;
+use crate::runtime::{read_lock, stage_log, OutputRecord, Page, Store, OUTPUTS_LOG};
+use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
+use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
+use pipelines::stages::agent::state::{Agent, SubState};
+use pipelines::stages::agent::AgentStage;
+use pipelines::stages::merchant::MerchantStage;
+use pipelines::stages::order::OrderStage;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::RwLockReadGuard;
+
+/// Outputs the snapshot reads at most (the document of a long-running service is for tests and audits;
+/// the API pages everything else).
+const SNAPSHOT_OUTPUTS_MAX: usize = 1_000_000;
+
+type Guard<'a> = RwLockReadGuard<'a, StagePartition>;
+
+fn guard<'a>(inner: &'a Inner, kind: StageKind, key: &str) -> Option<Guard<'a>> {
+    let partition = partition_of(key, inner.config.partitions);
+    inner.partitions.get(&(kind, partition)).map(|lock| read_lock(lock))
+}
+
+fn all_guards(inner: &Inner, kind: StageKind) -> Vec<Guard<'_>> {
+    inner.partitions.iter().filter(|((stage, _), _)| *stage == kind).map(|(_, lock)| read_lock(lock)).collect()
+}
+
+fn orders(partition: &StagePartition) -> Option<&OrderStage> {
+    match partition.state() {
+        StageState::Order(stage) => Some(stage),
+        _ => None,
+    }
+}
+
+fn agents(partition: &StagePartition) -> Option<&AgentStage> {
+    match partition.state() {
+        StageState::Agent(stage) => Some(stage),
+        _ => None,
+    }
+}
+
+fn merchants(partition: &StagePartition) -> Option<&MerchantStage> {
+    match partition.state() {
+        StageState::Merchant(stage) => Some(stage),
+        _ => None,
+    }
+}
+
+fn to_value(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or_else(|error| json!({ "error": error.to_string() }))
+}
+
+/// Every agent partition's guard by partition number, so an agent is found by its key.
+fn agent_guards(inner: &Inner) -> BTreeMap<u32, Guard<'_>> {
+    all_guards(inner, StageKind::Agent).into_iter().map(|guard| (guard.partition(), guard)).collect()
+}
+
+fn find_agent<'a>(guards: &'a BTreeMap<u32, Guard<'_>>, partitions: u32, user_id: &str) -> Option<&'a Agent> {
+    guards
+        .get(&partition_of(user_id, partitions))
+        .and_then(|guard| agents(guard))
+        .and_then(|stage| stage.agents.get(user_id))
+}
+
+pub(super) fn order(inner: &Inner, order_id: &str) -> Option<Value> {
+    let order_guard = guard(inner, StageKind::Order, order_id)?;
+    let order = orders(&order_guard)?.orders.get(order_id).filter(|order| order_is_shown(order))?;
+    let agent_guards = agent_guards(inner);
+    let view = order_view(order, |user_id| find_agent(&agent_guards, inner.config.partitions, user_id));
+    let mut value = to_value(view);
+    if let Value::Object(object) = &mut value {
+        object.insert("order_id".to_string(), json!(order_id));
+    }
+    Some(value)
+}
+
+pub(super) fn order_merchant(inner: &Inner, order_id: &str) -> Option<String> {
+    let order_guard = guard(inner, StageKind::Order, order_id)?;
+    orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.clone())
+}
+
+pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {
+    let agent_guard = guard(inner, StageKind::Agent, user_id)?;
+    let agent = agents(&agent_guard)?.agents.get(user_id)?;
+    let mut value = to_value(user_view(agent));
+    if let Value::Object(object) = &mut value {
+        // The journal is paged (`/journal`); the view says how long it is.
+        object.remove("journal");
+        object.insert("user_id".to_string(), json!(user_id));
+        object.insert("journal_entries".to_string(), json!(agent.journal.len()));
+        object.insert("telegram_bound".to_string(), json!(agent.telegram_bound));
+    }
+    Some(value)
+}
+
+fn page<T: serde::Serialize>(entries: &[T], seq: impl Fn(&T) -> u64, after_seq: u64, limit: usize) -> Page {
+    let start = entries.partition_point(|entry| seq(entry) <= after_seq);
+    let items: Vec<Value> = entries[start..].iter().take(limit).map(to_value).collect();
+    let more = entries.len() > start + items.len();
+    let next_cursor =
+        if more { entries.get(start + items.len() - 1).map(|entry| seq(entry).to_string()) } else { None };
+    Page { items, next_cursor }
+}
+
+pub(super) fn user_journal(inner: &Inner, user_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
+    let agent_guard = guard(inner, StageKind::Agent, user_id)?;
+    let agent = agents(&agent_guard)?.agents.get(user_id)?;
+    Some(page(&agent.journal, |entry| entry.seq, after_seq, limit))
+}
+
+pub(super) fn merchant(inner: &Inner, merchant_id: &str) -> Option<Value> {
+    let merchant_guard = guard(inner, StageKind::Merchant, merchant_id)?;
+    let merchant = merchants(&merchant_guard)?.merchants.get(merchant_id)?;
+    Some(json!({
+        "merchant_id": merchant_id,
+        "available": merchant.balances.available,
+        "payout_reserve": merchant.balances.payout_reserve,
+        "journal_entries": merchant.journal.len(),
+    }))
+}
+
+pub(super) fn merchant_journal(inner: &Inner, merchant_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
+    let merchant_guard = guard(inner, StageKind::Merchant, merchant_id)?;
+    let merchant = merchants(&merchant_guard)?.merchants.get(merchant_id)?;
+    Some(page(&merchant.journal, |entry| entry.seq, after_seq, limit))
+}
+
+/// Sub-orders in review, ordered by (order id, seq); the cursor is the last item's `order_id:seq`.
+pub(super) fn review_queue(inner: &Inner, cursor: Option<&str>, limit: usize) -> Page {
+    let guards = all_guards(inner, StageKind::Agent);
+    let mut waiting: BTreeMap<(String, u32), Value> = BTreeMap::new();
+    for guard in &guards {
+        let Some(stage) = agents(guard) else { continue };
+        for agent in stage.agents.values() {
+            for sub in agent.subs.iter().filter(|sub| sub.state == SubState::Reviewing) {
+                let item = json!({
+                    "order_id": sub.order_id, "seq": sub.seq, "user_id": agent.user_id, "card_id": sub.card_id,
+                    "kind": sub.kind, "amount": sub.amount, "flags": sub.flags, "paid_total": sub.paid_total,
+                    "matched_txn_ids": sub.matched_txn_ids,
+                });
+                waiting.insert((sub.order_id.clone(), sub.seq), item);
+            }
+        }
+    }
+    let after = cursor.and_then(|cursor| {
+        let (order_id, seq) = cursor.rsplit_once(':')?;
+        Some((order_id.to_string(), seq.parse::<u32>().ok()?))
+    });
+    let mut selected: Vec<((String, u32), Value)> =
+        waiting.into_iter().filter(|(key, _)| after.as_ref().is_none_or(|after| key > after)).take(limit + 1).collect();
+    // A cursor is only given when another page exists.
+    let more = selected.len() > limit;
+    selected.truncate(limit);
+    let next_cursor = if more { selected.last().map(|((order_id, seq), _)| format!("{order_id}:{seq}")) } else { None };
+    Page { items: selected.into_iter().map(|(_, item)| item).collect(), next_cursor }
+}
+
+pub(super) fn card_owner(inner: &Inner, card_id: &str) -> Option<String> {
+    all_guards(inner, StageKind::Agent)
+        .iter()
+        .find_map(|guard| agents(guard).and_then(|stage| stage.card_owner.get(card_id).cloned()))
+}
+
+/// The SPEC §9 document of every partition's state and the outputs log.
+pub(super) fn snapshot(inner: &Inner) -> Value {
+    let order_guards = all_guards(inner, StageKind::Order);
+    let agent_guards = agent_guards(inner);
+    let merchant_guards = all_guards(inner, StageKind::Merchant);
+    let partitions = inner.config.partitions;
+    let mut clock = pipelines::Timestamp::default();
+    let mut users = BTreeMap::new();
+    for guard in agent_guards.values() {
+        clock = clock.max(guard.clock());
+        for (id, agent) in agents(guard).map(|stage| &stage.agents).into_iter().flatten() {
+            users.insert(id.as_str(), to_value(user_view(agent)));
+        }
+    }
+    let mut merchants_out = BTreeMap::new();
+    for guard in &merchant_guards {
+        clock = clock.max(guard.clock());
+        for (id, merchant) in merchants(guard).map(|stage| &stage.merchants).into_iter().flatten() {
+            merchants_out.insert(id.as_str(), to_value(merchant_view(merchant)));
+        }
+    }
+    let mut orders_out = BTreeMap::new();
+    for guard in &order_guards {
+        clock = clock.max(guard.clock());
+        for (id, order) in orders(guard).map(|stage| &stage.orders).into_iter().flatten() {
+            if order_is_shown(order) {
+                let view = order_view(order, |user_id| find_agent(&agent_guards, partitions, user_id));
+                orders_out.insert(id.as_str(), to_value(view));
+            }
+        }
+    }
+    let mut document = Map::new();
+    document.insert("clock".to_string(), to_value(clock));
+    document.insert("users".to_string(), to_value(users));
+    document.insert("merchants".to_string(), to_value(merchants_out));
+    document.insert("orders".to_string(), to_value(orders_out));
+    document.insert("outputs".to_string(), Value::Array(outputs(inner)));
+    Value::Object(document)
+}
+
+fn outputs(inner: &Inner) -> Vec<Value> {
+    let records = inner.store.read(OUTPUTS_LOG, 0, SNAPSHOT_OUTPUTS_MAX).unwrap_or_default();
+    records
+        .iter()
+        .filter_map(|(_, bytes)| serde_json::from_slice::<OutputRecord>(bytes).ok())
+        .map(|record| to_value(record.output))
+        .collect()
+}
+
+/// Records appended and not yet processed, over every stage log and the connector's backlog.
+pub(super) fn lag(inner: &Inner) -> u64 {
+    let mut lag = super::connector_backlog(inner);
+    for &(kind, index) in inner.partitions.keys() {
+        let log = stage_log(kind, index);
+        let head = inner.store.head(&log).unwrap_or(0);
+        let committed = inner.store.committed(&log).unwrap_or(0);
+        lag += head.saturating_sub(committed);
+    }
+    lag
+}

@@ -1,0 +1,164 @@
+//! The embedded [`Store`]: logs, offsets and small tables in one redb file. redb commits are atomic and
+//! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
+//! consumer offset survive a kill -9 together or not at all.
+
+use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
+use redb::{Database, ReadableTable, TableDefinition};
+use std::path::Path;
+
+/// Records by (log, offset).
+const RECORDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("records");
+/// Next offset per log.
+const HEADS: TableDefinition<&str, u64> = TableDefinition::new("heads");
+/// Next offset to consume per consumer.
+const OFFSETS: TableDefinition<&str, u64> = TableDefinition::new("offsets");
+/// Ingestion position per event id (SPEC §3: an event id is applied once).
+const EVENT_IDS: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
+const MERCHANT_KEYS: TableDefinition<&str, &str> = TableDefinition::new("merchant_keys");
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+
+/// The counter of ingestion positions, kept among the log heads.
+const INGEST_HEAD: &str = "@ingest";
+
+pub struct RedbStore {
+    database: Database,
+}
+
+fn fatal(error: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Fatal(error.to_string())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store in `data_dir`, creating its tables.
+    pub fn open(data_dir: &Path) -> Result<RedbStore, RuntimeError> {
+        std::fs::create_dir_all(data_dir).map_err(fatal)?;
+        let database = Database::create(data_dir.join("paisa.redb")).map_err(fatal)?;
+        let transaction = database.begin_write().map_err(fatal)?;
+        {
+            transaction.open_table(RECORDS).map_err(fatal)?;
+            transaction.open_table(HEADS).map_err(fatal)?;
+            transaction.open_table(OFFSETS).map_err(fatal)?;
+            transaction.open_table(EVENT_IDS).map_err(fatal)?;
+            transaction.open_table(MERCHANT_KEYS).map_err(fatal)?;
+            transaction.open_table(META).map_err(fatal)?;
+        }
+        transaction.commit().map_err(fatal)?;
+        Ok(RedbStore { database })
+    }
+
+    fn read_u64(&self, table: TableDefinition<&str, u64>, key: &str) -> Result<u64, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let table = transaction.open_table(table).map_err(fatal)?;
+        Ok(table.get(key).map_err(fatal)?.map_or(0, |value| value.value()))
+    }
+}
+
+fn append(
+    records: &mut redb::Table<(&str, u64), &[u8]>,
+    heads: &mut redb::Table<&str, u64>,
+    log: &str,
+    bytes: &[u8],
+) -> Result<u64, RuntimeError> {
+    let offset = heads.get(log).map_err(fatal)?.map_or(0, |value| value.value());
+    records.insert((log, offset), bytes).map_err(fatal)?;
+    heads.insert(log, offset + 1).map_err(fatal)?;
+    Ok(offset)
+}
+
+impl Store for RedbStore {
+    fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let table = transaction.open_table(RECORDS).map_err(fatal)?;
+        let mut records = Vec::with_capacity(records_max.min(4096));
+        for entry in table.range((log, from)..=(log, u64::MAX)).map_err(fatal)?.take(records_max) {
+            let (key, value) = entry.map_err(fatal)?;
+            records.push((key.value().1, value.value().to_vec()));
+        }
+        Ok(records)
+    }
+
+    fn head(&self, log: &str) -> Result<u64, RuntimeError> {
+        self.read_u64(HEADS, log)
+    }
+
+    fn committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
+        self.read_u64(OFFSETS, consumer)
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
+        let transaction = self.database.begin_write().map_err(fatal)?;
+        {
+            let mut records = transaction.open_table(RECORDS).map_err(fatal)?;
+            let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            for (log, bytes) in &batch.appends {
+                append(&mut records, &mut heads, log, bytes)?;
+            }
+            let mut offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
+            for (consumer, next) in &batch.offsets {
+                let previous = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
+                // Offsets only move forward: a stale commit would replay records twice.
+                assert!(*next >= previous, "consumer {consumer} moved back from {previous} to {next}");
+                offsets.insert(consumer.as_str(), *next).map_err(fatal)?;
+            }
+        }
+        transaction.commit().map_err(fatal)
+    }
+
+    fn ingest(
+        &self,
+        event_ids: &[&str],
+        encode: &mut IngestEncoder<'_>,
+    ) -> Result<Vec<Appended>, RuntimeError> {
+        let transaction = self.database.begin_write().map_err(fatal)?;
+        let mut outcomes = Vec::with_capacity(event_ids.len());
+        {
+            let mut records = transaction.open_table(RECORDS).map_err(fatal)?;
+            let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            let mut seen = transaction.open_table(EVENT_IDS).map_err(fatal)?;
+            for (index, event_id) in event_ids.iter().enumerate() {
+                if let Some(position) = seen.get(*event_id).map_err(fatal)? {
+                    outcomes.push(Appended::Duplicate { position: position.value() });
+                    continue;
+                }
+                let position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
+                heads.insert(INGEST_HEAD, position + 1).map_err(fatal)?;
+                seen.insert(*event_id, position).map_err(fatal)?;
+                for (log, bytes) in encode(index, position)? {
+                    append(&mut records, &mut heads, &log, &bytes)?;
+                }
+                outcomes.push(Appended::New { position });
+            }
+        }
+        // An encoding error above drops the transaction: nothing of the request is appended.
+        transaction.commit().map_err(fatal)?;
+        Ok(outcomes)
+    }
+
+    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let table = transaction.open_table(EVENT_IDS).map_err(fatal)?;
+        Ok(table.get(event_id).map_err(fatal)?.map(|value| value.value()))
+    }
+
+    fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let table = transaction.open_table(definition(table)).map_err(fatal)?;
+        Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
+    }
+
+    fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
+        let transaction = self.database.begin_write().map_err(fatal)?;
+        {
+            let mut table = transaction.open_table(definition(table)).map_err(fatal)?;
+            table.insert(key, value).map_err(fatal)?;
+        }
+        transaction.commit().map_err(fatal)
+    }
+}
+
+fn definition(table: KeyValueTable) -> TableDefinition<'static, &'static str, &'static str> {
+    match table {
+        KeyValueTable::MerchantKeys => MERCHANT_KEYS,
+        KeyValueTable::Meta => META,
+    }
+}

@@ -1,0 +1,8 @@
+//! Everything between the pure stages (`pipelines`) and the outside world: the runtime traits
+//! (`runtime`), the embedded log and state store (`embedded`), the statement-provider connector
+//! (`statement`) and the simulated provider served over HTTP (`wallet_sim_http`).
+
+pub mod embedded;
+pub mod runtime;
+pub mod statement;
+pub mod wallet_sim_http;

@@ -1,0 +1,288 @@
+//! The runtime: what runs the pure stages of `pipelines` against durable logs and a state store, and
+//! what the HTTP API asks of a running pipeline. The embedded backend (`crate::embedded`) implements it
+//! in one process and one data directory; the Kafka + ScyllaDB profile implements the same traits.
+
+use pipelines::Input;
+use serde_json::Value;
+
+/// Failures of the runtime. `Retryable` ones (a busy store, an I/O hiccup) may succeed if the same call
+/// is made again; `Fatal` ones (a corrupt data directory, a bug) stop the process.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("retryable: {0}")]
+    Retryable(String),
+    #[error("fatal: {0}")]
+    Fatal(String),
+    /// The input cannot go into the pipeline (a caller's mistake; nothing was appended).
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    #[error("the pipeline is shutting down")]
+    ShuttingDown,
+}
+
+impl RuntimeError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, RuntimeError::Retryable(_))
+    }
+}
+
+/// The outcome of appending one input to the commands log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// Appended at this position of the commands log (the id returned to the client).
+    New { position: u64 },
+    /// An input with this `event_id` was appended before (SPEC §3: ignored); its position.
+    Duplicate { position: u64 },
+}
+
+/// One page of a cursor-paged list: `next_cursor` is given back to read the following page.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Page {
+    pub items: Vec<Value>,
+    pub next_cursor: Option<String>,
+}
+
+/// What the HTTP API needs from a running pipeline, whatever its backend. Reads are served from
+/// materialised state; every value is JSON shaped like the SPEC §9 document's parts.
+pub trait PipelineHandle: Send + Sync + 'static {
+    /// Appends inputs to the commands log, in order, all or nothing (one durable commit). Inputs whose
+    /// `event_id` was appended before are not appended again.
+    fn append(&self, inputs: Vec<Input>) -> Result<Vec<Appended>, RuntimeError>;
+    /// The ingestion position of an event id appended before (a retried request is a duplicate, whatever
+    /// the state now says about it).
+    fn event_position(&self, event_id: &str) -> Option<u64> {
+        let _ = event_id;
+        None
+    }
+    /// An order with its sub-orders and their decision timelines (rule ids and evidence), or None.
+    fn order(&self, order_id: &str) -> Option<Value>;
+    /// The merchant an order belongs to (for authorisation), or None if the order is unknown.
+    fn order_merchant(&self, order_id: &str) -> Option<String>;
+    /// An agent's balances, holds, cards, bill table and status history, or None.
+    fn user(&self, user_id: &str) -> Option<Value>;
+    /// An agent's journal entries with `seq` > `after_seq`, at most `limit` of them.
+    fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Option<Page>;
+    /// A merchant's balances, or None.
+    fn merchant(&self, merchant_id: &str) -> Option<Value>;
+    /// A merchant's journal entries with `seq` > `after_seq`, at most `limit` of them.
+    fn merchant_journal(&self, merchant_id: &str, after_seq: u64, limit: usize) -> Option<Page>;
+    /// Sub-orders waiting for an operator (state `reviewing`) with their flags, after `cursor`.
+    fn review_queue(&self, cursor: Option<&str>, limit: usize) -> Page;
+    /// The agent a card is bound to, if any (SPEC §4: a card id belongs to one agent forever).
+    fn card_owner(&self, card_id: &str) -> Option<String>;
+    /// The SPEC §9 document of the current state.
+    fn snapshot(&self) -> Value;
+    /// Records appended to any log and not yet processed (0 = quiescent; tests wait for it).
+    fn lag(&self) -> u64;
+    /// Whether state has been restored and the processing loops run.
+    fn ready(&self) -> bool;
+    /// Stores a merchant API key, given as the hex SHA-256 of the token (tokens are never stored).
+    fn put_merchant_key(&self, key_sha256_hex: &str, merchant_id: &str) -> Result<(), RuntimeError>;
+    /// The merchant a key (hex SHA-256 of the token) belongs to.
+    fn merchant_of_key(&self, key_sha256_hex: &str) -> Option<String>;
+}
+
+/// The durable side of a runtime: partitioned append-only logs, consumer offsets and a small key-value
+/// store, with atomic commits. The embedded backend keeps them in one redb file; the Kafka profile maps
+/// logs to topic partitions, offsets to consumer-group offsets and commits to transactions.
+pub trait Store: Send + Sync + 'static {
+    /// Records of `log` from offset `from` on, at most `records_max` of them, as (offset, bytes).
+    fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError>;
+    /// The offset the next record of `log` will get (the number of records ever appended).
+    fn head(&self, log: &str) -> Result<u64, RuntimeError>;
+    /// The next offset `consumer` has not yet consumed (0 if it never committed).
+    fn committed(&self, consumer: &str) -> Result<u64, RuntimeError>;
+    /// Applies a write batch atomically and durably: every append and offset, or none.
+    fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError>;
+    /// Ingests inputs atomically: for each event id not ingested before, assigns the next ingestion
+    /// position and appends the records `encode(index, position)` returns; event ids seen before get
+    /// their first position back and nothing is appended.
+    fn ingest(
+        &self,
+        event_ids: &[&str],
+        encode: &mut IngestEncoder<'_>,
+    ) -> Result<Vec<Appended>, RuntimeError>;
+    /// The ingestion position of an event id ingested before.
+    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError>;
+    /// Reads a key of a small table (API keys, metadata).
+    fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError>;
+    /// Writes a key of a small table, durably.
+    fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError>;
+}
+
+/// Records as (log, bytes).
+pub type Records = Vec<(String, Vec<u8>)>;
+
+/// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → the
+/// records the input becomes.
+pub type IngestEncoder<'a> = dyn FnMut(usize, u64) -> Result<Records, RuntimeError> + 'a;
+
+/// The small key-value tables beside the logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyValueTable {
+    /// SHA-256 (hex) of a merchant API token → merchant id.
+    MerchantKeys,
+    /// Settings a data directory was created with (partition count), checked at start.
+    Meta,
+}
+
+/// One atomic commit of a processing loop: what a batch produced, and how far its input was consumed.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    /// Records to append, as (log, bytes), in order.
+    pub appends: Vec<(String, Vec<u8>)>,
+    /// Consumer offsets to set, as (consumer, next offset to consume).
+    pub offsets: Vec<(String, u64)>,
+}
+
+/// The log a stage partition consumes.
+pub fn stage_log(kind: pipelines::partition::StageKind, partition: u32) -> String {
+    format!("{}-{partition}", kind.name())
+}
+
+/// The log of every SPEC §6 output, in commit order (the outbox the connector and sinks consume).
+pub const OUTPUTS_LOG: &str = "outputs";
+/// The consumer name of the statement connector.
+pub const CONNECTOR_CONSUMER: &str = "connector";
+
+/// How time enters a running service (SPEC §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockMode {
+    /// The server stamps `at` from the wall clock, and ticks follow it.
+    System,
+    /// The posted `at` drives time (tests, reprocessing); ticks follow the largest `at` ingested.
+    Event,
+}
+
+/// One output in the outputs log, with the id of the record that caused it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct OutputRecord {
+    pub id: pipelines::partition::RecordId,
+    pub output: pipelines::output::Output,
+}
+
+/// What one processing batch did.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    /// Records consumed from the partition's log.
+    pub consumed: usize,
+    /// Logs appended to (whose consumers have work).
+    pub appended_logs: std::collections::BTreeSet<String>,
+}
+
+/// The log name and an undecodable record's error, kept in the dead-letter log.
+pub const DEAD_LETTER_LOG: &str = "dead-letters";
+
+/// Reads a lock even if a panicking thread poisoned it: the state it guards is only written by the
+/// processing loop, which stops the service when it fails.
+pub fn read_lock<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub fn write_lock<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The read-process-write step of one stage partition: reads up to `records_max` records after the
+/// committed offset, applies them to the pure stage, and commits what they produced together with the
+/// new offset in one atomic batch. State in memory runs ahead of the commit only by this batch; if the
+/// commit fails the caller must stop (state is rebuilt from the log at the next start).
+pub fn process_batch<S: Store + ?Sized>(
+    store: &S,
+    partition: &std::sync::RwLock<pipelines::partition::StagePartition>,
+    partitions: u32,
+    records_max: usize,
+) -> Result<BatchReport, RuntimeError> {
+    let (kind, index) = {
+        let state = read_lock(partition);
+        (state.kind(), state.partition())
+    };
+    let log = stage_log(kind, index);
+    let from = store.committed(&log)?;
+    let records = store.read(&log, from, records_max)?;
+    let Some(&(last_offset, _)) = records.last() else {
+        return Ok(BatchReport::default());
+    };
+    let mut batch = WriteBatch::default();
+    {
+        let mut state = write_lock(partition);
+        let mut produced = pipelines::partition::Produced::default();
+        for (offset, bytes) in &records {
+            match serde_json::from_slice::<pipelines::partition::StageRecord>(bytes) {
+                Ok(record) => {
+                    state.apply(record, &mut produced);
+                    encode_produced(&log, *offset, &produced, partitions, &mut batch)?;
+                    produced.clear();
+                }
+                Err(error) => dead_letter(&log, *offset, &error.to_string(), &mut batch),
+            }
+        }
+    }
+    batch.offsets.push((log, last_offset + 1));
+    let appended_logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    store.commit(batch)?;
+    Ok(BatchReport { consumed: records.len(), appended_logs })
+}
+
+/// Applies a partition's log up to its committed offset, discarding what it produces (it was
+/// committed when the records were first processed). Returns the records applied.
+pub fn restore<S: Store + ?Sized>(
+    store: &S,
+    partition: &mut pipelines::partition::StagePartition,
+    records_max: usize,
+) -> Result<u64, RuntimeError> {
+    let log = stage_log(partition.kind(), partition.partition());
+    let committed = store.committed(&log)?;
+    let mut next = 0;
+    let mut produced = pipelines::partition::Produced::default();
+    while next < committed {
+        let records = store.read(&log, next, records_max.min((committed - next) as usize))?;
+        let Some(&(last_offset, _)) = records.last() else {
+            return Err(RuntimeError::Fatal(format!("{log}: records {next}..{committed} are missing")));
+        };
+        for (_, bytes) in records {
+            if let Ok(record) = serde_json::from_slice::<pipelines::partition::StageRecord>(&bytes) {
+                partition.apply(record, &mut produced);
+                produced.clear();
+            }
+        }
+        next = last_offset + 1;
+    }
+    Ok(next)
+}
+
+/// Turns what one record produced into appends: messages to their stage partitions, outputs to the
+/// outputs log, each with an id derived from the record's position (log, offset, index).
+fn encode_produced(
+    log: &str,
+    offset: u64,
+    produced: &pipelines::partition::Produced,
+    partitions: u32,
+    batch: &mut WriteBatch,
+) -> Result<(), RuntimeError> {
+    use pipelines::partition::{destination, partition_of, RecordBody, RecordId, StageRecord};
+    let id = |index: usize| RecordId { source: log.to_string(), offset, index: index as u32 };
+    for (index, (at, message)) in produced.messages.iter().enumerate() {
+        let (kind, key) = destination(message);
+        let target = stage_log(kind, partition_of(key, partitions));
+        let record = StageRecord { id: id(index), at: *at, body: RecordBody::Message { message: message.clone() } };
+        batch.appends.push((target, encode(&record)?));
+    }
+    let first = produced.messages.len();
+    for (index, output) in produced.outputs.iter().enumerate() {
+        let record = OutputRecord { id: id(first + index), output: output.clone() };
+        batch.appends.push((OUTPUTS_LOG.to_string(), encode(&record)?));
+    }
+    Ok(())
+}
+
+/// Encodes a record for a log. Our own types always serialize; a failure is a bug, reported as fatal.
+pub fn encode<T: serde::Serialize>(record: &T) -> Result<Vec<u8>, RuntimeError> {
+    serde_json::to_vec(record).map_err(|error| RuntimeError::Fatal(format!("encoding a record: {error}")))
+}
+
+fn dead_letter(log: &str, offset: u64, error: &str, batch: &mut WriteBatch) {
+    tracing::error!(log, offset, error, "undecodable record moved to the dead-letter log");
+    let letter = serde_json::json!({ "log": log, "offset": offset, "error": error });
+    batch.appends.push((DEAD_LETTER_LOG.to_string(), letter.to_string().into_bytes()));
+}

@@ -1,0 +1,286 @@
+//! The statement connector: turns one `crawl_requested` into one HTTP call to the statement provider
+//! (SPEC §10) and its answer into a `crawl_result`. It never fails and never retries: every failure is
+//! an error answer, and the agent stage decides when to ask again (R-CHK-3, R-PEND-1).
+
+use super::config::StatementConfig;
+use pipelines::input::{CrawlError, CrawlResult, Provider, StatementLine};
+use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
+use pipelines::Timestamp;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Largest response body read from the provider; a bigger one is malformed (a full page of the largest
+/// allowed limit is well under it).
+pub const RESPONSE_BYTES_MAX: usize = 8 << 20;
+
+/// Why a connector could not be built. Only construction can fail; `crawl` answers every request.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectorError {
+    #[error("invalid statement provider base URL `{url}`: {reason}")]
+    BaseUrl { url: String, reason: String },
+    #[error("invalid statement connector setting `{field}`: {reason}")]
+    Setting { field: &'static str, reason: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+/// The two kinds of provider call; they map failures differently (SPEC §10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    List,
+    Detail,
+}
+
+impl Call {
+    /// What a timeout, an unreachable provider or a malformed answer means for this call.
+    fn failure(self) -> CrawlError {
+        match self {
+            Call::List => CrawlError::UpstreamBusy,
+            Call::Detail => CrawlError::DetailUnavailable,
+        }
+    }
+
+    /// The error a non-200 status means. 401 is always an expired session; a detail call's 429 is the
+    /// provider asking us to slow down, not a statement without detail.
+    fn status_error(self, status: StatusCode) -> CrawlError {
+        match (self, status) {
+            (_, StatusCode::UNAUTHORIZED) => CrawlError::SessionExpired,
+            (Call::Detail, StatusCode::TOO_MANY_REQUESTS) => CrawlError::UpstreamBusy,
+            _ => self.failure(),
+        }
+    }
+
+    /// Statuses SPEC §10 names for this call; anything else is logged as a contract breach.
+    fn status_expected(self, status: StatusCode) -> bool {
+        match self {
+            Call::List => matches!(status.as_u16(), 401 | 429 | 503),
+            Call::Detail => matches!(status.as_u16(), 401 | 404 | 429) || status.is_server_error(),
+        }
+    }
+}
+
+/// A list answer's body (SPEC §10).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageBody {
+    transactions: Vec<Arc<StatementLine>>,
+    #[serde(default)]
+    next_from: Option<Timestamp>,
+}
+
+/// What a successful call yields: the lines and, for lists, where the next page starts.
+type Answer = (Vec<Arc<StatementLine>>, Option<Timestamp>);
+
+/// A planned call: its kind, its URL and the most lines its answer may carry.
+struct Plan {
+    call: Call,
+    url: String,
+    lines_max: usize,
+}
+
+/// The statement-provider connector: one HTTP client (its connection pool shared by every card) and a
+/// bound on concurrent calls per wallet provider.
+pub struct StatementConnector {
+    base_url: String,
+    client: reqwest::Client,
+    /// One semaphore per `Provider`, indexed by `provider_slot`.
+    slots: [Semaphore; 5],
+    page_limit_max: u32,
+}
+
+impl StatementConnector {
+    pub fn new(config: &StatementConfig) -> Result<StatementConnector, ConnectorError> {
+        if let Some((field, reason)) = config.invalid_field() {
+            return Err(ConnectorError::Setting { field, reason });
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.request_timeout_ms))
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            // One call per request (no hidden retries): a redirect would be a second call.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(ConnectorError::Client)?;
+        let permits = config.concurrent_requests_per_provider_max as usize;
+        Ok(StatementConnector {
+            base_url: base_url(&config.base_url)?,
+            client,
+            slots: std::array::from_fn(|_| Semaphore::new(permits)),
+            page_limit_max: config.page_limit_max,
+        })
+    }
+
+    /// Asks the provider once and answers with a `crawl_result` for `request`; never fails.
+    pub async fn crawl(&self, request: &CrawlRequested) -> CrawlResult {
+        let answer = self.answer(request).await;
+        let (ok, error, lines, next_from) = match answer {
+            Ok((lines, next_from)) => (true, None, lines, next_from),
+            Err(error) => (false, Some(error), Vec::new(), None),
+        };
+        CrawlResult {
+            request_id: request.request_id.clone(),
+            user_id: request.user_id.clone(),
+            card_id: request.card_id.clone(),
+            ok,
+            error,
+            lines,
+            next_from,
+        }
+    }
+
+    async fn answer(&self, request: &CrawlRequested) -> Result<Answer, CrawlError> {
+        let plan = self.plan(request)?;
+        // The semaphore is never closed, so acquiring only fails if that invariant is broken.
+        let _permit = self.slots[provider_slot(request.provider)].acquire().await.map_err(|_| plan.call.failure())?;
+        let body = self.fetch(&plan, request).await?;
+        parse_answer(&plan, request, &body)
+    }
+
+    /// The call `request` needs, or the error to answer without calling.
+    fn plan(&self, request: &CrawlRequested) -> Result<Plan, CrawlError> {
+        let call = if request.mode == CrawlMode::Detail { Call::Detail } else { Call::List };
+        let unreachable = |what: &str, id: &str| {
+            tracing::warn!(request_id = %request.request_id, "{what} {id:?} cannot be a URL path segment");
+            call.failure()
+        };
+        let card = path_segment(&request.card_id).ok_or_else(|| unreachable("card id", &request.card_id))?;
+        let transactions = format!("{}/v1/cards/{card}/transactions", self.base_url);
+        if call == Call::Detail {
+            let txn_id = request.txn_id.as_deref().unwrap_or_default();
+            let txn = path_segment(txn_id).ok_or_else(|| unreachable("txn id", txn_id))?;
+            return Ok(Plan { call, url: format!("{transactions}/{txn}"), lines_max: 1 });
+        }
+        let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
+        let mut query = Vec::new();
+        if let Some(order) = request.order {
+            query.push(format!("order={}", if order == PageOrder::Asc { "asc" } else { "desc" }));
+        }
+        if let Some(from) = request.from {
+            query.push(format!("from={}", percent_encode(&from.to_string())));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let url = if query.is_empty() { transactions } else { format!("{transactions}?{}", query.join("&")) };
+        Ok(Plan { call, url, lines_max: limit.unwrap_or(self.page_limit_max) as usize })
+    }
+
+    /// One GET; the body of a 200, or the error its status or failure means.
+    async fn fetch(&self, plan: &Plan, request: &CrawlRequested) -> Result<Vec<u8>, CrawlError> {
+        let request_id = &request.request_id;
+        let response = self.client.get(&plan.url).send().await.map_err(|error| {
+            tracing::warn!(%request_id, url = %plan.url, timeout = error.is_timeout(), "provider call failed: {error}");
+            plan.call.failure()
+        })?;
+        let status = response.status();
+        if status == StatusCode::OK {
+            return read_body(response).await.map_err(|reason| {
+                tracing::warn!(%request_id, url = %plan.url, "provider answer unreadable: {reason}");
+                plan.call.failure()
+            });
+        }
+        if plan.call.status_expected(status) {
+            tracing::debug!(%request_id, url = %plan.url, %status, "provider refused");
+        } else {
+            tracing::warn!(%request_id, url = %plan.url, %status, "provider answered an unexpected status");
+        }
+        Err(plan.call.status_error(status))
+    }
+}
+
+/// Validates the base URL and returns it without a trailing slash, ready for `/v1/…` to be appended.
+fn base_url(text: &str) -> Result<String, ConnectorError> {
+    let refuse = |reason: &str| ConnectorError::BaseUrl { url: text.to_string(), reason: reason.to_string() };
+    let url = reqwest::Url::parse(text).map_err(|error| refuse(&error.to_string()))?;
+    match url.scheme() {
+        "http" => {}
+        // The workspace builds reqwest without TLS; failing here beats failing every call later.
+        "https" => return Err(refuse("https is not supported by this build (reqwest has no TLS backend)")),
+        _ => return Err(refuse("the scheme must be http")),
+    }
+    if url.host_str().is_none() {
+        return Err(refuse("no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(refuse("a base URL takes no query or fragment"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// The body of a 200, at most `RESPONSE_BYTES_MAX` bytes.
+async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    if response.content_length().is_some_and(|length| length > RESPONSE_BYTES_MAX as u64) {
+        return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|error| error.to_string())? {
+        if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
+            return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A 200's body as the statement page or line the call expects; anything else is a failed call.
+fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<Answer, CrawlError> {
+    let parsed = match plan.call {
+        Call::List => parse_page(body, plan.lines_max),
+        Call::Detail => parse_detail(body, request.txn_id.as_deref().unwrap_or_default()),
+    };
+    parsed.map_err(|reason| {
+        tracing::warn!(request_id = %request.request_id, url = %plan.url, "malformed provider answer: {reason}");
+        plan.call.failure()
+    })
+}
+
+fn parse_page(body: &[u8], lines_max: usize) -> Result<Answer, String> {
+    let page: PageBody = serde_json::from_slice(body).map_err(|error| format!("not a statement page: {error}"))?;
+    if page.transactions.len() > lines_max {
+        return Err(format!("{} lines where at most {lines_max} were asked for", page.transactions.len()));
+    }
+    Ok((page.transactions, page.next_from))
+}
+
+fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
+    let line: StatementLine = serde_json::from_slice(body).map_err(|error| format!("not a statement line: {error}"))?;
+    if line.txn_id != txn_id {
+        return Err(format!("the detail of {:?} where {txn_id:?} was asked for", line.txn_id));
+    }
+    Ok((vec![Arc::new(line)], None))
+}
+
+fn provider_slot(provider: Provider) -> usize {
+    match provider {
+        Provider::Phonepe => 0,
+        Provider::Mobikwik => 1,
+        Provider::Freecharge => 2,
+        Provider::Paytm => 3,
+        Provider::Other => 4,
+    }
+}
+
+/// An id as one URL path segment, or None when no URL can carry it: URL parsers resolve `.` and `..`
+/// as dot segments (even percent-encoded), and an empty segment would name another route.
+fn path_segment(id: &str) -> Option<String> {
+    (!matches!(id, "" | "." | "..")).then(|| percent_encode(id))
+}
+
+/// Percent-encodes every byte but RFC 3986's unreserved characters, so ids may contain anything
+/// (`/`, `?`, `#`, `%`, spaces, non-ASCII) and reach the provider unchanged.
+pub(crate) fn percent_encode(text: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push('%');
+            encoded.push(char::from(HEX[usize::from(byte >> 4)]));
+            encoded.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+    encoded
+}
