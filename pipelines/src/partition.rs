@@ -474,4 +474,30 @@ mod tests {
         partition.apply(tick(3, Timestamp::parse("2026-03-02T09:20:00Z").expect("a time")), &mut produced);
         assert_eq!(partition.clock(), Timestamp::parse("2026-03-02T09:20:00Z").expect("a time"));
     }
+
+    #[test]
+    fn a_dispatch_that_overtakes_its_creation_waits_for_it() {
+        // In a partitioned run the dispatch reaches the order stage before the merchant stage has
+        // accepted the creation; it must wait, not be refused (replay never shows this state).
+        let mut partition = StagePartition::new(StageKind::Order, 0, 1, Config::default());
+        let mut produced = Produced::default();
+        let created = r#"{"type":"collection_created","at":"2026-03-02T09:00:00Z","order_id":"o1","merchant_id":"m1","amount":"10.00"}"#;
+        let dispatched = r#"{"type":"collection_dispatched","at":"2026-03-02T09:00:00Z","order_id":"o1","user_id":"u1","card_id":"k1"}"#;
+        partition.apply(record(created, 0), &mut produced);
+        partition.apply(record(dispatched, 1), &mut produced);
+        let to_agents = |produced: &Produced| {
+            produced.messages.iter().filter(|(_, message)| matches!(message, Message::Agent { .. })).count()
+        };
+        assert_eq!(to_agents(&produced), 0, "nothing is dispatched before the order exists");
+        assert!(produced.outputs.is_empty(), "and nothing is refused: {:?}", produced.outputs);
+        let accepted = StageRecord {
+            id: RecordId { source: "merchant-0".to_string(), offset: 0, index: 0 },
+            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
+            body: RecordBody::Message {
+                message: Message::Order { order_id: "o1".to_string(), body: OrderBody::CreationAccepted },
+            },
+        };
+        partition.apply(accepted, &mut produced);
+        assert_eq!(to_agents(&produced), 1, "the waiting dispatch goes to the agent stage");
+    }
 }

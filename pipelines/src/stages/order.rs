@@ -57,7 +57,14 @@ pub struct MainOrder {
     pub actual_amount: Option<Money>,
     /// Callbacks sent so far (`callback_id` = `{order_id}:{n}`).
     pub callbacks_sent: u32,
+    /// Commands that arrived while the order waited for another stage's answer (its creation, or a
+    /// dispatch), applied in arrival order when the answer comes. In a partitioned run a merchant's
+    /// next command can overtake the creation it depends on; replay never shows this state (SPEC §3).
+    pub waiting: Vec<(String, Command)>,
 }
+
+/// Commands that may wait for one order at most (more are refused: bounded state).
+pub const ORDER_WAITING_COMMANDS_MAX: usize = 64;
 
 #[derive(Debug, Default)]
 pub struct OrderStage {
@@ -72,10 +79,17 @@ impl OrderStage {
     pub fn handle(&mut self, order_id: &str, body: OrderBody, effects: &mut Effects) {
         match body {
             OrderBody::Input { event_id, command } => self.on_input(order_id, &event_id, command, effects),
-            OrderBody::CreationAccepted => self.on_creation_accepted(order_id, effects),
+            OrderBody::CreationAccepted => {
+                self.on_creation_accepted(order_id, effects);
+                self.release_waiting(order_id, effects);
+            }
             OrderBody::CreationRefused { event_id, input_type, rejection } => {
-                self.orders.remove(order_id);
+                let waiting = self.orders.remove(order_id).map(|order| order.waiting).unwrap_or_default();
                 effects.reject(&event_id, input_type, rejection);
+                // The order never existed: what waited for it is refused as for an unknown order.
+                for (event_id, command) in waiting {
+                    self.on_input(order_id, &event_id, command, effects);
+                }
             }
             OrderBody::DispatchAccepted { seq, user_id, card_id } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
@@ -83,12 +97,14 @@ impl OrderStage {
                     order.state = OrderState::InProgress;
                     order.sub_orders.push(SubOrderRef { seq, user_id, card_id });
                 }
+                self.release_waiting(order_id, effects);
             }
             OrderBody::DispatchRefused { user_id, reason } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                 }
                 effects.emit(OutputBody::DispatchRejected { order_id: order_id.to_string(), user_id, reason });
+                self.release_waiting(order_id, effects);
             }
             OrderBody::Outcome { seq, outcome } => self.on_outcome(order_id, seq, outcome, effects),
         }
@@ -117,7 +133,39 @@ impl OrderStage {
         }
     }
 
+    /// Applies, in arrival order, the commands that waited for the answer that just came.
+    fn release_waiting(&mut self, order_id: &str, effects: &mut Effects) {
+        let waiting = self.orders.get_mut(order_id).map(|order| std::mem::take(&mut order.waiting)).unwrap_or_default();
+        for (event_id, command) in waiting {
+            self.on_input(order_id, &event_id, command, effects);
+        }
+    }
+
+    /// Whether `command` must wait for the order's pending answer, and whether it may (bounded).
+    fn park(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) -> Option<Command> {
+        let Some(order) = self.orders.get_mut(order_id) else {
+            return Some(command);
+        };
+        let creates = matches!(command, Command::CollectionCreated(_) | Command::PayoutCreated(_));
+        let dispatches = matches!(command, Command::CollectionDispatched(_) | Command::PayoutGrabbed(_));
+        // A dispatch racing another dispatch is arbitrated at once (R-DSP-1: order_not_pending).
+        let must_wait = !creates && (order.creating || (order.dispatch_in_flight && !dispatches));
+        if !must_wait {
+            return Some(command);
+        }
+        if order.waiting.len() >= ORDER_WAITING_COMMANDS_MAX {
+            let message = format!("{ORDER_WAITING_COMMANDS_MAX} commands already wait for order {order_id}");
+            refuse(effects, event_id, &command, Reason::InvalidTransition, message);
+            return None;
+        }
+        order.waiting.push((event_id.to_string(), command));
+        None
+    }
+
     fn on_input(&mut self, order_id: &str, event_id: &str, command: Command, effects: &mut Effects) {
+        let Some(command) = self.park(order_id, event_id, command, effects) else {
+            return;
+        };
         match &command {
             Command::CollectionCreated(created) => {
                 let amount = match positive_amount(&created.amount, "amount") {
@@ -217,6 +265,7 @@ impl OrderStage {
                 dispatch_in_flight: false,
                 callbacks_sent: 0,
                 actual_amount: None,
+                waiting: Vec::new(),
             },
         );
         let body = match kind {
