@@ -2,6 +2,10 @@
 //! the pipeline on the embedded store behind the HTTP API; `paisa wallet-sim` serves the simulated
 //! statement provider over HTTP (SPEC §10).
 
+/// mimalloc: the stages allocate many small short-lived strings; it beats the system allocator there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod demo;
 mod http;
 

@@ -101,7 +101,7 @@ pub async fn issue_merchant_key(
     Path(merchant_id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require_admin()?;
-    if state.pipeline.merchant(&merchant_id).is_none() {
+    if !state.pipeline.merchant_exists(&merchant_id) {
         return Err(ApiError::Unknown { entity: Entity::Merchant, field: "merchant_id".to_string(), id: merchant_id });
     }
     // rand's thread generator is a CSPRNG reseeded from the OS: 256 bits cannot be guessed.

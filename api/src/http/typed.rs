@@ -206,7 +206,7 @@ async fn register_merchant(State(state): State<ApiState>, caller: Caller, body: 
 async fn register_user(State(state): State<ApiState>, caller: Caller, body: Body) -> Result<Accepted, ApiError> {
     caller.require_admin()?;
     let body: NewUser = parse_body(&state, body)?;
-    if body.event_id.is_none() && state.pipeline.user(&body.user_id).is_some() {
+    if body.event_id.is_none() && state.pipeline.user_exists(&body.user_id) {
         let message = format!("user `{}` already exists", body.user_id);
         return Err(ApiError::AlreadyExists { code: "user_exists", field: "user_id".to_string(), message });
     }

@@ -32,11 +32,11 @@ impl<'a> Known<'a> {
     }
 
     fn has_merchant(&self, merchant_id: &str) -> bool {
-        self.merchants.contains(merchant_id) || self.pipeline.merchant(merchant_id).is_some()
+        self.merchants.contains(merchant_id) || self.pipeline.merchant_exists(merchant_id)
     }
 
     fn has_user(&self, user_id: &str) -> bool {
-        self.users.contains(user_id) || self.pipeline.user(user_id).is_some()
+        self.users.contains(user_id) || self.pipeline.user_exists(user_id)
     }
 
     fn has_order(&self, order_id: &str) -> bool {

@@ -11,7 +11,7 @@ mod reads;
 pub mod store;
 
 use crate::runtime::{
-    encode, process_batch, read_lock, restore, stage_log, Appended, ClockMode, KeyValueTable, PipelineHandle,
+    encode, process_batch, read_lock, restore, stage_log, Appended, ClockMode, Ingested, KeyValueTable, PipelineHandle,
     RuntimeError, Store, WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
@@ -304,6 +304,23 @@ fn tick(inner: &Inner, now_ms: i64, last_tick_ms: &mut BTreeMap<(StageKind, u32)
     Ok(())
 }
 
+/// The ids an input creates, as (key, owner), for [`Ingested::keys`].
+fn created_keys(command: &pipelines::input::Command) -> Vec<(String, String)> {
+    use pipelines::input::Command;
+    match command {
+        Command::CollectionCreated(created) => {
+            vec![(format!("order:{}", created.order_id), created.merchant_id.clone())]
+        }
+        Command::PayoutCreated(created) => vec![(format!("order:{}", created.order_id), created.merchant_id.clone())],
+        Command::UserRegistered(registered) => vec![(format!("user:{}", registered.user_id), String::new())],
+        Command::MerchantRegistered(registered) => {
+            vec![(format!("merchant:{}", registered.merchant_id), String::new())]
+        }
+        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.clone())],
+        _ => Vec::new(),
+    }
+}
+
 /// The wall clock as event time (only the runtime reads it; the stages never do).
 pub fn system_now() -> Timestamp {
     let millis = std::time::SystemTime::now()
@@ -315,6 +332,14 @@ pub fn system_now() -> Timestamp {
 impl Inner {
     /// Encodes an input as the records it becomes: one for its stage partition, or a tick for every
     /// partition.
+    fn ingested(&self, input: &Input, position: u64) -> Result<Ingested, RuntimeError> {
+        Ok(Ingested { records: self.records_of(input, position)?, keys: created_keys(&input.command) })
+    }
+
+    fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {
+        self.store.ingested_key(&format!("{kind}:{id}")).ok().flatten()
+    }
+
     fn records_of(&self, input: &Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
         let id = |index: u32| RecordId { source: "ingest".to_string(), offset: position, index };
         match route_input(input.clone()) {
@@ -348,9 +373,9 @@ impl PipelineHandle for Embedded {
         let event_ids: Vec<&str> = inputs.iter().map(|input| input.event_id.as_str()).collect();
         let mut logs = Vec::new();
         let outcomes = self.inner.store.ingest(&event_ids, &mut |index, position| {
-            let records = self.inner.records_of(&inputs[index], position)?;
-            logs.extend(records.iter().map(|(log, _)| log.clone()));
-            Ok(records)
+            let ingested = self.inner.ingested(&inputs[index], position)?;
+            logs.extend(ingested.records.iter().map(|(log, _)| log.clone()));
+            Ok(ingested)
         })?;
         if let Some(at) = inputs.iter().map(|input| input.at.millis()).max() {
             self.inner.ingested_at_max_ms.fetch_max(at, Ordering::SeqCst);
@@ -368,7 +393,15 @@ impl PipelineHandle for Embedded {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        reads::order_merchant(&self.inner, order_id)
+        reads::order_merchant(&self.inner, order_id).or_else(|| self.inner.ingested_owner("order", order_id))
+    }
+
+    fn user_exists(&self, user_id: &str) -> bool {
+        self.inner.ingested_owner("user", user_id).is_some()
+    }
+
+    fn merchant_exists(&self, merchant_id: &str) -> bool {
+        self.inner.ingested_owner("merchant", merchant_id).is_some()
     }
 
     fn user(&self, user_id: &str) -> Option<serde_json::Value> {
@@ -392,7 +425,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        reads::card_owner(&self.inner, card_id)
+        reads::card_owner(&self.inner, card_id).or_else(|| self.inner.ingested_owner("card", card_id))
     }
 
     fn snapshot(&self) -> serde_json::Value {

@@ -15,6 +15,8 @@ const OFFSETS: TableDefinition<&str, u64> = TableDefinition::new("offsets");
 /// Ingestion position per event id (SPEC §3: an event id is applied once).
 const EVENT_IDS: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
 const MERCHANT_KEYS: TableDefinition<&str, &str> = TableDefinition::new("merchant_keys");
+/// Ids created by ingested inputs → their owner (first creation wins).
+const INGESTED_KEYS: TableDefinition<&str, &str> = TableDefinition::new("ingested_keys");
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
 /// The counter of ingestion positions, kept among the log heads.
@@ -41,6 +43,7 @@ impl RedbStore {
             transaction.open_table(EVENT_IDS).map_err(fatal)?;
             transaction.open_table(MERCHANT_KEYS).map_err(fatal)?;
             transaction.open_table(META).map_err(fatal)?;
+            transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
         }
         transaction.commit().map_err(fatal)?;
         Ok(RedbStore { database })
@@ -104,17 +107,14 @@ impl Store for RedbStore {
         transaction.commit().map_err(fatal)
     }
 
-    fn ingest(
-        &self,
-        event_ids: &[&str],
-        encode: &mut IngestEncoder<'_>,
-    ) -> Result<Vec<Appended>, RuntimeError> {
+    fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
         let transaction = self.database.begin_write().map_err(fatal)?;
         let mut outcomes = Vec::with_capacity(event_ids.len());
         {
             let mut records = transaction.open_table(RECORDS).map_err(fatal)?;
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
             let mut seen = transaction.open_table(EVENT_IDS).map_err(fatal)?;
+            let mut created = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
             for (index, event_id) in event_ids.iter().enumerate() {
                 if let Some(position) = seen.get(*event_id).map_err(fatal)? {
                     outcomes.push(Appended::Duplicate { position: position.value() });
@@ -123,8 +123,14 @@ impl Store for RedbStore {
                 let position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
                 heads.insert(INGEST_HEAD, position + 1).map_err(fatal)?;
                 seen.insert(*event_id, position).map_err(fatal)?;
-                for (log, bytes) in encode(index, position)? {
+                let ingested = encode(index, position)?;
+                for (log, bytes) in ingested.records {
                     append(&mut records, &mut heads, &log, &bytes)?;
+                }
+                for (key, owner) in ingested.keys {
+                    if created.get(key.as_str()).map_err(fatal)?.is_none() {
+                        created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
+                    }
                 }
                 outcomes.push(Appended::New { position });
             }
@@ -138,6 +144,12 @@ impl Store for RedbStore {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(EVENT_IDS).map_err(fatal)?;
         Ok(table.get(event_id).map_err(fatal)?.map(|value| value.value()))
+    }
+
+    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let table = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
+        Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {

@@ -56,8 +56,17 @@ pub trait PipelineHandle: Send + Sync + 'static {
     }
     /// An order with its sub-orders and their decision timelines (rule ids and evidence), or None.
     fn order(&self, order_id: &str) -> Option<Value>;
-    /// The merchant an order belongs to (for authorisation), or None if the order is unknown.
+    /// The merchant an order belongs to (for authorisation), or None if the order is unknown (neither
+    /// created by an appended input nor in materialised state).
     fn order_merchant(&self, order_id: &str) -> Option<String>;
+    /// Whether a user is known: registered by an appended input or in materialised state.
+    fn user_exists(&self, user_id: &str) -> bool {
+        self.user(user_id).is_some()
+    }
+    /// Whether a merchant is known: registered by an appended input or in materialised state.
+    fn merchant_exists(&self, merchant_id: &str) -> bool {
+        self.merchant(merchant_id).is_some()
+    }
     /// An agent's balances, holds, cards, bill table and status history, or None.
     fn user(&self, user_id: &str) -> Option<Value>;
     /// An agent's journal entries with `seq` > `after_seq`, at most `limit` of them.
@@ -97,13 +106,11 @@ pub trait Store: Send + Sync + 'static {
     /// Ingests inputs atomically: for each event id not ingested before, assigns the next ingestion
     /// position and appends the records `encode(index, position)` returns; event ids seen before get
     /// their first position back and nothing is appended.
-    fn ingest(
-        &self,
-        event_ids: &[&str],
-        encode: &mut IngestEncoder<'_>,
-    ) -> Result<Vec<Appended>, RuntimeError>;
+    fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError>;
     /// The ingestion position of an event id ingested before.
     fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError>;
+    /// The owner recorded for a key an ingested input created (see [`Ingested::keys`]).
+    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError>;
     /// Reads a key of a small table (API keys, metadata).
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError>;
     /// Writes a key of a small table, durably.
@@ -113,9 +120,18 @@ pub trait Store: Send + Sync + 'static {
 /// Records as (log, bytes).
 pub type Records = Vec<(String, Vec<u8>)>;
 
-/// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → the
-/// records the input becomes.
-pub type IngestEncoder<'a> = dyn FnMut(usize, u64) -> Result<Records, RuntimeError> + 'a;
+/// What one ingested input becomes: its records, and the ids it creates as (key, owner) — e.g.
+/// (`order:o1`, merchant id) — remembered so that commands appended right after it are not refused as
+/// naming unknown ids while the creation is still in flight.
+#[derive(Debug, Default)]
+pub struct Ingested {
+    pub records: Records,
+    pub keys: Vec<(String, String)>,
+}
+
+/// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → what
+/// the input becomes.
+pub type IngestEncoder<'a> = dyn FnMut(usize, u64) -> Result<Ingested, RuntimeError> + 'a;
 
 /// The small key-value tables beside the logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

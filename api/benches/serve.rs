@@ -1,0 +1,188 @@
+//! Throughput of `paisa serve` on the embedded store, and the order endpoint's read latency under load.
+//!
+//! Starts `paisa wallet-sim` and `paisa serve` (event clock, 2 partitions per stage) as real processes
+//! on loopback, posts a generated workload (`pipelines::workload`) through `POST /v1/events` in bulk
+//! requests, and measures the time until every log is consumed (`GET /v1/admin/lag` = 0). Then it reads
+//! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
+//! latency percentiles. Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
+//! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5).
+
+use pipelines::input::Command;
+use pipelines::Input;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ADMIN_KEY: &str = "bench-admin-key";
+/// Inputs per bulk request (the API accepts up to 10,000).
+const BULK_INPUTS: usize = 5_000;
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = Process::new(env!("CARGO_BIN_EXE_paisa"))
+        .args(args)
+        .env("PAISA_ADMIN_KEY", ADMIN_KEY)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("paisa starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("an address line");
+    let base = line.trim().rsplit(' ').next().expect("an address").to_string();
+    Server { child, base }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn http_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().expect("a client")
+}
+
+fn is_wallet(input: &Input) -> bool {
+    matches!(input.command, Command::WalletLine(_) | Command::WalletLineStatus(_) | Command::WalletFault(_))
+}
+
+/// Posts inputs in order: wallet events to the simulator, the rest to the service, in bulk.
+fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+    let mut posted = 0;
+    for chunk in inputs.chunks(BULK_INPUTS) {
+        let (wallet, events): (Vec<&Input>, Vec<&Input>) = chunk.iter().partition(|input| is_wallet(input));
+        if !wallet.is_empty() {
+            let response = client.post(format!("{wallet_sim}/sim/v1/events")).json(&wallet).send().expect("sim");
+            assert!(response.status().is_success(), "wallet events: {}", response.text().unwrap_or_default());
+        }
+        if !events.is_empty() {
+            let response =
+                client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&events).send().expect("serve");
+            assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
+            posted += events.len();
+        }
+    }
+    posted
+}
+
+fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {
+    let answer: Value =
+        client.get(format!("{serve}/v1/admin/lag")).bearer_auth(ADMIN_KEY).send().expect("lag").json().expect("JSON");
+    answer["lag"].as_u64().expect("a number")
+}
+
+fn wait_quiescent(client: &reqwest::blocking::Client, serve: &str) {
+    while lag(client, serve) > 0 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted.get(index).copied().unwrap_or_default()
+}
+
+fn main() {
+    if std::env::args().any(|argument| argument == "--list") {
+        return; // `cargo bench -- --list` and test discovery
+    }
+    let agents = env_usize("BENCH_AGENTS", 2000);
+    let rounds = env_usize("BENCH_ROUNDS", 5);
+    let readers = env_usize("BENCH_READERS", 4);
+    let read_seconds = env_usize("BENCH_READ_SECONDS", 5) as u64;
+    let inputs = pipelines::workload::workload(agents, rounds);
+    // The last fifth is posted during the read phase, as concurrent write load.
+    let split = inputs.len() * 4 / 5;
+    let (first, rest) = inputs.split_at(split);
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"]);
+    let serve_args = [
+        "serve",
+        "--data-dir",
+        data_dir.path().to_str().expect("UTF-8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--clock",
+        "event",
+        "--statement-provider",
+        &wallet_sim.base,
+    ];
+    let serve = start(&serve_args);
+    let client = http_client();
+
+    let started = Instant::now();
+    let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
+    let posted_after = started.elapsed();
+    wait_quiescent(&client, &serve.base);
+    let elapsed = started.elapsed();
+    println!("workload: {agents} agents × {rounds} rounds; {posted} events through the API (+ wallet events)");
+    println!(
+        "ingest + process: {:.2} s → {:.0} events/s sustained (posting alone took {:.2} s)",
+        elapsed.as_secs_f64(),
+        posted as f64 / elapsed.as_secs_f64(),
+        posted_after.as_secs_f64()
+    );
+
+    let order_ids: Vec<String> = first
+        .iter()
+        .filter_map(|input| match &input.command {
+            Command::CollectionCreated(created) => Some(created.order_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let reader_threads: Vec<_> = (0..readers)
+        .map(|reader| {
+            let (base, ids, done) = (serve.base.clone(), order_ids.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let reader_client = http_client();
+                let mut latencies = Vec::new();
+                let mut index = reader * 7919;
+                while !done.load(Ordering::SeqCst) {
+                    let id = &ids[index % ids.len()];
+                    index += 13;
+                    let start = Instant::now();
+                    let response = reader_client
+                        .get(format!("{base}/v1/orders/{id}"))
+                        .bearer_auth(ADMIN_KEY)
+                        .send()
+                        .expect("read");
+                    let _ = response.bytes();
+                    latencies.push(start.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let write_started = Instant::now();
+    let posted_during_reads = post_all(&client, &serve.base, &wallet_sim.base, rest);
+    while write_started.elapsed() < Duration::from_secs(read_seconds) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done.store(true, Ordering::SeqCst);
+    let mut latencies: Vec<Duration> =
+        reader_threads.into_iter().flat_map(|thread| thread.join().expect("a reader")).collect();
+    latencies.sort();
+    println!(
+        "GET /v1/orders/{{id}}: {} reads by {readers} clients while {posted_during_reads} events were posted: \
+         p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        latencies.len(),
+        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
+    wait_quiescent(&client, &serve.base);
+}

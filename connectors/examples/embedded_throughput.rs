@@ -1,0 +1,34 @@
+//! Profiling aid: the embedded runtime alone (no HTTP, no connector) on the generated workload.
+//! `cargo run --release -p connectors --example embedded_throughput -- AGENTS ROUNDS`
+use connectors::embedded::{Embedded, EmbeddedConfig};
+use connectors::runtime::{ClockMode, PipelineHandle};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let arguments: Vec<usize> = std::env::args().skip(1).filter_map(|argument| argument.parse().ok()).collect();
+    let (agents, rounds) = (arguments.first().copied().unwrap_or(2000), arguments.get(1).copied().unwrap_or(5));
+    let inputs: Vec<_> = pipelines::workload::workload(agents, rounds)
+        .into_iter()
+        .filter(|input| !input.command.type_name().starts_with("wallet_"))
+        .collect();
+    let directory = std::env::temp_dir().join(format!("paisa-throughput-{}", std::process::id()));
+    let embedded = Embedded::start(EmbeddedConfig::new(directory.clone(), ClockMode::Event)).expect("starts");
+    let started = Instant::now();
+    for chunk in inputs.chunks(5_000) {
+        embedded.append(chunk.to_vec()).expect("appends");
+    }
+    let appended = started.elapsed();
+    while embedded.lag() > 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "{} inputs: appended in {:.2} s, processed in {:.2} s → {:.0} inputs/s",
+        inputs.len(),
+        appended.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        inputs.len() as f64 / elapsed.as_secs_f64()
+    );
+    embedded.stop();
+    let _ = std::fs::remove_dir_all(directory);
+}
