@@ -3,6 +3,7 @@
 //! inputs spaced apart), also when the server is killed with SIGKILL mid-stream; bad input over HTTP
 //! gets a 4xx and changes nothing; merchant keys see only their own merchant.
 
+use pipelines::partition::partition_of;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -53,20 +54,56 @@ fn start_wallet_sim() -> Process {
 }
 
 fn start_serve(data_dir: &Path, provider: &str) -> Process {
+    start_serve_with(data_dir, &["--statement-provider", provider])
+}
+
+/// `paisa serve` on the event clock with extra arguments (`--config`, `--statement-provider`, …).
+fn start_serve_with(data_dir: &Path, extra: &[&str]) -> Process {
     let data_dir = data_dir.to_str().expect("a UTF-8 path");
-    let server = start(&[
-        "serve",
-        "--data-dir",
-        data_dir,
-        "--listen",
-        "127.0.0.1:0",
-        "--clock",
-        "event",
-        "--statement-provider",
-        provider,
-    ]);
+    let mut args = vec!["serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--clock", "event"];
+    args.extend_from_slice(extra);
+    let server = start(&args);
     wait_ready(&server.base);
     server
+}
+
+/// Writes SPEC §8 settings as a `--config` file in `dir`.
+fn config_file(dir: &Path, settings: &Value) -> String {
+    let path = dir.join("config.json");
+    std::fs::write(&path, settings.to_string()).expect("the config file is written");
+    path.to_str().expect("a UTF-8 path").to_string()
+}
+
+/// Registers merchant m1 with a deposit, and each (user, card) with a phonepe card and a recharge.
+fn setup_events(at: &str, users: &[(&str, &str)]) -> Vec<Value> {
+    let mut events = vec![
+        json!({"type":"merchant_registered","at":at,"merchant_id":"m1","collection_fee_rate":"0.02",
+            "payout_fee_rate":"0.01","payout_fee_fixed":"5.00","event_id":"setup:m1"}),
+        json!({"type":"merchant_deposit","at":at,"merchant_id":"m1","amount":"5000.00","event_id":"setup:m1:deposit"}),
+    ];
+    for (user, card) in users {
+        events.push(json!({"type":"user_registered","at":at,"user_id":user,"telegram_bound":true,
+            "event_id":format!("setup:{user}")}));
+        events.push(json!({"type":"card_bound","at":at,"user_id":user,"card_id":card,"provider":"phonepe",
+            "event_id":format!("setup:{card}")}));
+        events.push(json!({"type":"user_recharge","at":at,"user_id":user,"amount":"2000.00","commission":"0.00",
+            "event_id":format!("setup:{user}:recharge")}));
+    }
+    events
+}
+
+/// A collection of 300.00 from m1 created and dispatched to (user, card) at `at`.
+fn collection_events(order_id: &str, at: &str, user: &str, card: &str) -> Vec<Value> {
+    vec![
+        json!({"type":"collection_created","at":at,"order_id":order_id,"merchant_id":"m1","amount":"300.00",
+            "event_id":format!("{order_id}:created")}),
+        json!({"type":"collection_dispatched","at":at,"order_id":order_id,"user_id":user,"card_id":card,
+            "event_id":format!("{order_id}:dispatched")}),
+    ]
+}
+
+fn outputs_of_type(document: &Value, kind: &str) -> usize {
+    document["outputs"].as_array().expect("outputs").iter().filter(|output| output["type"] == kind).count()
 }
 
 fn client() -> reqwest::blocking::Client {
@@ -309,4 +346,63 @@ fn a_merchant_key_reads_and_writes_only_its_own_merchant() {
     assert_eq!(create("m2"), 202);
     wait_quiescent(&serve.base);
     assert_eq!(get("/v1/orders/m2-order", Some(&token)), 200);
+}
+
+#[test]
+fn a_restart_with_nothing_in_flight_changes_nothing() {
+    // u1 and u4 live in different agent partitions (CRC-32 mod 2), so u4's partition sees neither u1's
+    // crawl nor its answer. The answer is stamped `crawl_latency` after the request, later than any
+    // input: after a restart the ticks must still follow the largest `at` ingested, not the stages'
+    // clocks, or u4's first wave (09:02:20) fires although no input has reached it.
+    assert_ne!(partition_of("u1", 2), partition_of("u4", 2), "the users share a partition");
+    let wallet_sim = start_wallet_sim();
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config_file(data_dir.path(), &json!({"crawl_latency": 30}));
+    let args = ["--config", config.as_str(), "--statement-provider", wallet_sim.base.as_str()];
+    let serve = start_serve_with(data_dir.path(), &args);
+    let mut events = setup_events("2026-03-02T09:00:00Z", &[("u1", "k1"), ("u4", "k4")]);
+    events.extend(collection_events("o1", "2026-03-02T09:00:10Z", "u1", "k1"));
+    events.extend(collection_events("o2", "2026-03-02T09:00:20Z", "u4", "k4"));
+    events.push(json!({"type":"tick","at":"2026-03-02T09:02:15Z","event_id":"tick:1"}));
+    for event in &events {
+        post_event(&serve.base, &wallet_sim.base, event);
+        wait_quiescent(&serve.base);
+    }
+    let before = admin_get(&serve.base, "/v1/admin/snapshot");
+    assert_eq!(outputs_of_type(&before, "crawl_requested"), 1, "only u1's first wave is due: {before}");
+    assert_eq!(before["clock"], "2026-03-02T09:02:40Z", "the answer is stamped after the last input");
+    drop(serve);
+    let serve = start_serve_with(data_dir.path(), &args);
+    wait_quiescent(&serve.base);
+    assert_eq!(admin_get(&serve.base, "/v1/admin/snapshot"), before, "the restart changed the state");
+}
+
+#[test]
+fn a_timer_set_at_the_time_of_the_last_tick_still_fires() {
+    // With a wave at 0 s, a dispatch sets a timer due at its own time. The ticker ticks u1's partition
+    // at 09:00:10 for o1's wave; o2's dispatch at 09:00:10 then sets another timer due at 09:00:10 in
+    // the same partition, which needs a second tick at the same time (replay fires it: every timer due
+    // by the last `at` has fired).
+    assert_eq!(partition_of("u1", 2), partition_of("u2", 2), "the users are in different partitions");
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let settings = json!({"collection_waves": [0, 120]});
+    let config = config_file(data_dir.path(), &settings);
+    // No statement provider: the crawls stay unanswered, so nothing moves the clock past 09:00:10.
+    let serve = start_serve_with(data_dir.path(), &["--config", config.as_str()]);
+    let mut events = setup_events("2026-03-02T09:00:00Z", &[("u1", "k1"), ("u2", "k2")]);
+    events.extend(collection_events("o1", "2026-03-02T09:00:10Z", "u1", "k1"));
+    events.extend(collection_events("o2", "2026-03-02T09:00:10Z", "u2", "k2"));
+    for event in &events {
+        post_event(&serve.base, "", event);
+        wait_quiescent(&serve.base);
+    }
+    let served = admin_get(&serve.base, "/v1/admin/snapshot");
+    assert_eq!(outputs_of_type(&served, "crawl_requested"), 2, "both first waves fired: {served}");
+    let mut scenario = json!({"type": "config", "collection_waves": [0, 120]}).to_string();
+    for event in &events {
+        scenario.push('\n');
+        scenario.push_str(&event.to_string());
+    }
+    let replayed = pipelines::replay::replay_to_json(&scenario).expect("the scenario replays");
+    assert_same_state(served, serde_json::from_str(&replayed).expect("JSON"));
 }

@@ -177,6 +177,9 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
     }
     if let Some(base_url) = options.statement_provider.clone() {
         let connector = StatementConnector::new(&StatementConfig::new(base_url))?;
+        // Before the API answers: until then the connector's backlog would not count in the lag, and a
+        // client could see a lag of 0 with crawls still unanswered.
+        embedded.attach_connector();
         let runner = embedded.clone();
         tokio::spawn(async move {
             if let Err(error) = connector_loop::run(runner, Arc::new(connector)).await {

@@ -269,6 +269,12 @@ impl StagePartition {
         self.duplicates_dropped
     }
 
+    /// The id (offset, index) of the last record applied from `source`, if any: a producer that
+    /// appends again must use a larger one, or the record is dropped as a duplicate.
+    pub fn last_applied(&self, source: &str) -> Option<(u64, u32)> {
+        self.high_water.get(source).copied()
+    }
+
     /// Applies one record of this partition's log; what it produced is appended to `produced`.
     pub fn apply(&mut self, record: StageRecord, produced: &mut Produced) -> Applied {
         let StageRecord { id, at, body } = record;

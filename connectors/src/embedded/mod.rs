@@ -12,7 +12,7 @@ pub mod store;
 
 use crate::runtime::{
     encode, process_batch, read_lock, restore, stage_log, Appended, ClockMode, Ingested, KeyValueTable, PipelineHandle,
-    RuntimeError, Store, WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG,
+    RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
@@ -55,6 +55,11 @@ impl EmbeddedConfig {
 
 /// Partitions per stage at most (each is a thread).
 pub const PARTITIONS_MAX: u32 = 64;
+
+/// The source of the records an ingested input becomes (their offset is its ingestion position).
+const INGEST_SOURCE: &str = "ingest";
+/// The source of the ticker's ticks.
+const TICKER_SOURCE: &str = "ticker";
 
 /// A doorbell a producer rings after a commit so the consumer of a log wakes at once.
 #[derive(Default)]
@@ -114,13 +119,22 @@ impl Embedded {
         check_partitions(&store, config.partitions)?;
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
-        let mut clock_ms = 0;
+        // The event clock of the ticks is the largest `at` ingested, recovered from the logs (whether
+        // processed or not). Not the stages' clocks: those also follow the connector's answers, which
+        // may be stamped later than any input, and ticking at them would fire timers a run without
+        // the restart never fires.
+        let mut ingested_at_max_ms = 0;
+        let mut observe = |record: &StageRecord| {
+            if record.id.source == INGEST_SOURCE {
+                ingested_at_max_ms = ingested_at_max_ms.max(record.at.millis());
+            }
+        };
         for kind in StageKind::ALL {
             for index in 0..config.partitions {
                 let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
-                let restored = restore(&store, &mut partition, config.batch_records_max)?;
+                let restored = restore(&store, &mut partition, config.batch_records_max, &mut observe)?;
                 tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
-                clock_ms = clock_ms.max(partition.clock().millis());
+                scan_pending(&store, &stage_log(kind, index), config.batch_records_max, &mut observe)?;
                 partitions.insert((kind, index), Arc::new(RwLock::new(partition)));
                 doorbells.insert(stage_log(kind, index), Arc::new(Doorbell::default()));
             }
@@ -134,7 +148,7 @@ impl Embedded {
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             failure: Mutex::new(None),
-            ingested_at_max_ms: AtomicI64::new(clock_ms),
+            ingested_at_max_ms: AtomicI64::new(ingested_at_max_ms),
             connector_attached: AtomicBool::new(false),
         });
         let embedded = Embedded { inner, threads: Arc::new(Mutex::new(Vec::new())) };
@@ -151,14 +165,14 @@ impl Embedded {
             let name = stage_log(kind, index);
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || run_partition(&inner, &partition, &name))
+                .spawn(move || stop_on_panic(&inner, &name, || run_partition(&inner, &partition, &name)))
                 .map_err(|error| RuntimeError::Fatal(format!("spawning {kind:?}: {error}")))?;
             threads.push(thread);
         }
         let inner = Arc::clone(&self.inner);
         let ticker = std::thread::Builder::new()
             .name("ticker".to_string())
-            .spawn(move || run_ticker(&inner))
+            .spawn(move || stop_on_panic(&inner, "ticker", || run_ticker(&inner)))
             .map_err(|error| RuntimeError::Fatal(format!("spawning the ticker: {error}")))?;
         threads.push(ticker);
         Ok(())
@@ -220,6 +234,40 @@ fn ring<'a>(inner: &Inner, logs: impl IntoIterator<Item = &'a String>) {
     }
 }
 
+/// Shows every record of `log` after its committed offset to `observe` (records appended and not yet
+/// processed when the service stopped).
+fn scan_pending(
+    store: &RedbStore,
+    log: &str,
+    records_max: usize,
+    observe: &mut dyn FnMut(&StageRecord),
+) -> Result<(), RuntimeError> {
+    let head = store.head(log)?;
+    let mut next = store.committed(log)?;
+    while next < head {
+        let records = store.read(log, next, records_max)?;
+        let Some(&(last_offset, _)) = records.last() else {
+            break;
+        };
+        for (_, bytes) in &records {
+            if let Ok(record) = serde_json::from_slice::<StageRecord>(bytes) {
+                observe(&record);
+            }
+        }
+        next = last_offset + 1;
+    }
+    Ok(())
+}
+
+/// Runs a processing thread's body; a panic (a bug: the state it was applying to is now suspect)
+/// stops the service like a fatal error, instead of leaving it up with a dead consumer.
+fn stop_on_panic(inner: &Inner, name: &str, body: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        tracing::error!(thread = name, "processing thread panicked");
+        fail(inner, format!("{name}: the processing thread panicked"));
+    }
+}
+
 /// Refuses a data directory created with another partition count (keys would land elsewhere).
 fn check_partitions(store: &RedbStore, partitions: u32) -> Result<(), RuntimeError> {
     match store.get(KeyValueTable::Meta, "partitions")? {
@@ -266,40 +314,80 @@ fn fail(inner: &Inner, message: String) {
 
 /// Appends a `tick` to every partition with a timer due (SPEC §3: timers fire on quiet partitions).
 fn run_ticker(inner: &Inner) {
-    let mut last_tick_ms: BTreeMap<(StageKind, u32), i64> = BTreeMap::new();
+    // The id of the last tick appended to each partition.
+    let mut last_ticks: BTreeMap<(StageKind, u32), (u64, u32)> = BTreeMap::new();
     while !inner.stopping.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(inner.config.tick_interval_ms));
-        let now_ms = match inner.config.clock {
-            ClockMode::System => system_now().millis(),
-            ClockMode::Event => inner.ingested_at_max_ms.load(Ordering::SeqCst),
-        };
-        if let Err(error) = tick(inner, now_ms, &mut last_tick_ms) {
+        if let Err(error) = tick(inner, ticker_now_ms(inner), &mut last_ticks) {
             tracing::warn!(%error, "tick not appended");
         }
     }
 }
 
-fn tick(inner: &Inner, now_ms: i64, last_tick_ms: &mut BTreeMap<(StageKind, u32), i64>) -> Result<(), RuntimeError> {
+/// The time the ticker ticks at: the wall clock, or (event clock) the largest `at` ingested.
+pub(crate) fn ticker_now_ms(inner: &Inner) -> i64 {
+    match inner.config.clock {
+        ClockMode::System => system_now().millis(),
+        ClockMode::Event => inner.ingested_at_max_ms.load(Ordering::SeqCst),
+    }
+}
+
+/// The partitions with a timer due at `now_ms` (the ticker owes each a tick).
+pub(crate) fn partitions_due(inner: &Inner, now_ms: i64) -> u64 {
+    let due = |partition: &RwLock<StagePartition>| {
+        read_lock(partition).next_timer_due().is_some_and(|due| due.millis() <= now_ms)
+    };
+    inner.partitions.values().filter(|partition| due(partition)).count() as u64
+}
+
+/// The id of the next tick for a partition that last applied tick `applied` and was last sent tick
+/// `last`: after both, and at `now_ms` unless an earlier tick already carries a later time (a wall
+/// clock gone back) — ids only move forward, or the partition would drop the tick as a duplicate.
+fn next_tick_id(now_ms: i64, applied: Option<(u64, u32)>, last: Option<(u64, u32)>) -> (u64, u32) {
+    let now = u64::try_from(now_ms).unwrap_or(0);
+    match applied.max(last) {
+        Some((offset, index)) if offset >= now => (offset, index + 1),
+        _ => (now, 0),
+    }
+}
+
+fn tick(
+    inner: &Inner,
+    now_ms: i64,
+    last_ticks: &mut BTreeMap<(StageKind, u32), (u64, u32)>,
+) -> Result<(), RuntimeError> {
     let mut batch = WriteBatch::default();
+    let mut sent = Vec::new();
     for (&(kind, index), partition) in &inner.partitions {
-        let due = read_lock(partition).next_timer_due();
-        let last = last_tick_ms.get(&(kind, index)).copied().unwrap_or(i64::MIN);
-        if due.is_some_and(|due| due.millis() <= now_ms) && now_ms > last {
-            let record = StageRecord {
-                // A tick's id is its time: ticks only move forward, and one redelivered is dropped.
-                id: RecordId { source: "ticker".to_string(), offset: now_ms as u64, index: 0 },
-                at: Timestamp::from_millis(now_ms),
-                body: RecordBody::Tick,
-            };
-            batch.appends.push((stage_log(kind, index), encode(&record)?));
-            last_tick_ms.insert((kind, index), now_ms);
+        let (due, applied) = {
+            let partition = read_lock(partition);
+            (partition.next_timer_due(), partition.last_applied(TICKER_SOURCE))
+        };
+        if due.is_none_or(|due| due.millis() > now_ms) {
+            continue;
         }
+        let last = last_ticks.get(&(kind, index)).copied();
+        // The last tick is still on its way: it fires what is due when applied.
+        if last.is_some_and(|last| applied < Some(last)) {
+            continue;
+        }
+        // Another tick at the same time is needed when a timer due by then was set after the last
+        // tick was applied (by a message stamped earlier); its id must differ from the last one's.
+        let id = next_tick_id(now_ms, applied, last);
+        let record = StageRecord {
+            id: RecordId { source: TICKER_SOURCE.to_string(), offset: id.0, index: id.1 },
+            at: Timestamp::from_millis(now_ms),
+            body: RecordBody::Tick,
+        };
+        batch.appends.push((stage_log(kind, index), encode(&record)?));
+        sent.push(((kind, index), id));
     }
     if batch.appends.is_empty() {
         return Ok(());
     }
     let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
     inner.store.commit(batch)?;
+    last_ticks.extend(sent);
     ring(inner, &logs);
     Ok(())
 }
@@ -341,7 +429,7 @@ impl Inner {
     }
 
     fn records_of(&self, input: &Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-        let id = |index: u32| RecordId { source: "ingest".to_string(), offset: position, index };
+        let id = |index: u32| RecordId { source: INGEST_SOURCE.to_string(), offset: position, index };
         match route_input(input.clone()) {
             Routed::Message(message) => {
                 let (kind, key) = pipelines::partition::destination(&message);
@@ -377,7 +465,10 @@ impl PipelineHandle for Embedded {
             logs.extend(ingested.records.iter().map(|(log, _)| log.clone()));
             Ok(ingested)
         })?;
-        if let Some(at) = inputs.iter().map(|input| input.at.millis()).max() {
+        // Only inputs appended now move the event clock: a duplicate's `at` is not in the logs, so a
+        // restart, which recovers the clock from them, would not see it.
+        let appended = inputs.iter().zip(&outcomes).filter(|(_, outcome)| matches!(outcome, Appended::New { .. }));
+        if let Some(at) = appended.map(|(input, _)| input.at.millis()).max() {
             self.inner.ingested_at_max_ms.fetch_max(at, Ordering::SeqCst);
         }
         ring(&self.inner, &logs);
@@ -449,12 +540,19 @@ impl PipelineHandle for Embedded {
     }
 }
 
-/// The consumer offset of the statement connector and the outputs log's head (its backlog).
-pub(crate) fn connector_backlog(inner: &Inner) -> u64 {
-    if !inner.connector_attached.load(Ordering::SeqCst) {
-        return 0;
+#[cfg(test)]
+mod tests {
+    use super::next_tick_id;
+
+    #[test]
+    fn tick_ids_only_move_forward() {
+        assert_eq!(next_tick_id(1_000, None, None), (1_000, 0), "a tick's id is its time");
+        assert_eq!(next_tick_id(2_000, Some((1_000, 0)), Some((1_000, 0))), (2_000, 0));
+        // A timer due by now was set after the tick at now: another tick at the same time, a new id.
+        assert_eq!(next_tick_id(1_000, Some((1_000, 0)), Some((1_000, 0))), (1_000, 1));
+        // After a restart the ticker knows only what the partition applied.
+        assert_eq!(next_tick_id(1_000, Some((1_000, 3)), None), (1_000, 4));
+        // A wall clock gone back: after the last id, or the tick would be dropped as a duplicate.
+        assert_eq!(next_tick_id(500, Some((1_000, 0)), Some((1_000, 0))), (1_000, 1));
     }
-    let head = inner.store.head(OUTPUTS_LOG).unwrap_or(0);
-    let committed = inner.store.committed(CONNECTOR_CONSUMER).unwrap_or(0);
-    head.saturating_sub(committed)
 }

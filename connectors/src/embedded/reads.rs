@@ -2,7 +2,7 @@
 //! the write lock of its own partition only for the in-memory part of one batch).
 
 use super::Inner;
-use crate::runtime::{read_lock, stage_log, OutputRecord, Page, Store, OUTPUTS_LOG};
+use crate::runtime::{read_lock, stage_log, OutputRecord, Page, Store, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
 use pipelines::stages::agent::state::{Agent, SubState};
@@ -213,14 +213,16 @@ fn outputs(inner: &Inner) -> Vec<Value> {
         .collect()
 }
 
-/// Records appended and not yet processed, over every stage log and the connector's backlog.
+/// Records appended and not yet processed, over every stage log and the connector's backlog (read
+/// together, in one transaction), plus one per partition with a timer due that the ticker has yet to
+/// tick: 0 means nothing more happens without new input.
 pub(super) fn lag(inner: &Inner) -> u64 {
-    let mut lag = super::connector_backlog(inner);
-    for &(kind, index) in inner.partitions.keys() {
-        let log = stage_log(kind, index);
-        let head = inner.store.head(&log).unwrap_or(0);
-        let committed = inner.store.committed(&log).unwrap_or(0);
-        lag += head.saturating_sub(committed);
+    let logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+    let mut pairs: Vec<(&str, &str)> = logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
+    if inner.connector_attached.load(std::sync::atomic::Ordering::SeqCst) {
+        pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
     }
-    lag
+    // An unreadable store is not quiescent.
+    let backlog = inner.store.backlog(&pairs).unwrap_or(u64::MAX);
+    backlog.saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner)))
 }

@@ -49,6 +49,22 @@ impl RedbStore {
         Ok(RedbStore { database })
     }
 
+    /// Records appended to each (log, consumer) pair's log and not yet consumed, summed, read in one
+    /// transaction: a batch that consumes from one log and appends to another moves its records
+    /// between logs atomically, so the sum never misses them (separate reads could see neither).
+    pub fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let heads = transaction.open_table(HEADS).map_err(fatal)?;
+        let offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
+        let mut backlog = 0u64;
+        for (log, consumer) in pairs {
+            let head = heads.get(*log).map_err(fatal)?.map_or(0, |value| value.value());
+            let committed = offsets.get(*consumer).map_err(fatal)?.map_or(0, |value| value.value());
+            backlog = backlog.saturating_add(head.saturating_sub(committed));
+        }
+        Ok(backlog)
+    }
+
     fn read_u64(&self, table: TableDefinition<&str, u64>, key: &str) -> Result<u64, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(table).map_err(fatal)?;

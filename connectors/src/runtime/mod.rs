@@ -227,8 +227,7 @@ pub fn process_batch<S: Store + ?Sized>(
             match serde_json::from_slice::<pipelines::partition::StageRecord>(bytes) {
                 Ok(record) => {
                     state.apply(record, &mut produced);
-                    encode_produced(&log, *offset, &produced, partitions, &mut batch)?;
-                    produced.clear();
+                    encode_produced(&log, *offset, &mut produced, partitions, &mut batch)?;
                 }
                 Err(error) => dead_letter(&log, *offset, &error.to_string(), &mut batch),
             }
@@ -236,16 +235,25 @@ pub fn process_batch<S: Store + ?Sized>(
     }
     batch.offsets.push((log, last_offset + 1));
     let appended_logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
-    store.commit(batch)?;
+    // The batch is applied in memory: a retry would read the same records again and drop them as
+    // duplicates, losing what they produced. Whatever the store says, the caller must stop (the next
+    // start rebuilds state from the log).
+    store.commit(batch).map_err(|error| match error {
+        RuntimeError::Retryable(message) => RuntimeError::Fatal(format!("commit failed after apply: {message}")),
+        other => other,
+    })?;
     Ok(BatchReport { consumed: records.len(), appended_logs })
 }
 
 /// Applies a partition's log up to its committed offset, discarding what it produces (it was
-/// committed when the records were first processed). Returns the records applied.
+/// committed when the records were first processed). `observe` sees each record before it is applied
+/// (the runtime recovers what it derives from the log, such as the largest ingested `at`). Returns the
+/// records applied.
 pub fn restore<S: Store + ?Sized>(
     store: &S,
     partition: &mut pipelines::partition::StagePartition,
     records_max: usize,
+    observe: &mut dyn FnMut(&pipelines::partition::StageRecord),
 ) -> Result<u64, RuntimeError> {
     let log = stage_log(partition.kind(), partition.partition());
     let committed = store.committed(&log)?;
@@ -258,6 +266,7 @@ pub fn restore<S: Store + ?Sized>(
         };
         for (_, bytes) in records {
             if let Ok(record) = serde_json::from_slice::<pipelines::partition::StageRecord>(&bytes) {
+                observe(&record);
                 partition.apply(record, &mut produced);
                 produced.clear();
             }
@@ -272,21 +281,21 @@ pub fn restore<S: Store + ?Sized>(
 fn encode_produced(
     log: &str,
     offset: u64,
-    produced: &pipelines::partition::Produced,
+    produced: &mut pipelines::partition::Produced,
     partitions: u32,
     batch: &mut WriteBatch,
 ) -> Result<(), RuntimeError> {
     use pipelines::partition::{destination, partition_of, RecordBody, RecordId, StageRecord};
     let id = |index: usize| RecordId { source: log.to_string(), offset, index: index as u32 };
-    for (index, (at, message)) in produced.messages.iter().enumerate() {
-        let (kind, key) = destination(message);
+    let first_output = produced.messages.len();
+    for (index, (at, message)) in produced.messages.drain(..).enumerate() {
+        let (kind, key) = destination(&message);
         let target = stage_log(kind, partition_of(key, partitions));
-        let record = StageRecord { id: id(index), at: *at, body: RecordBody::Message { message: message.clone() } };
+        let record = StageRecord { id: id(index), at, body: RecordBody::Message { message } };
         batch.appends.push((target, encode(&record)?));
     }
-    let first = produced.messages.len();
-    for (index, output) in produced.outputs.iter().enumerate() {
-        let record = OutputRecord { id: id(first + index), output: output.clone() };
+    for (index, output) in produced.outputs.drain(..).enumerate() {
+        let record = OutputRecord { id: id(first_output + index), output };
         batch.appends.push((OUTPUTS_LOG.to_string(), encode(&record)?));
     }
     Ok(())
@@ -301,4 +310,90 @@ fn dead_letter(log: &str, offset: u64, error: &str, batch: &mut WriteBatch) {
     tracing::error!(log, offset, error, "undecodable record moved to the dead-letter log");
     let letter = serde_json::json!({ "log": log, "offset": offset, "error": error });
     batch.appends.push((DEAD_LETTER_LOG.to_string(), letter.to_string().into_bytes()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::store::RedbStore;
+    use pipelines::input::{parse_line, Parsed};
+    use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::RwLock;
+
+    /// The embedded store, with a commit that fails as retryable when asked to.
+    struct FlakyStore {
+        store: RedbStore,
+        fail_next_commit: AtomicBool,
+    }
+
+    impl Store for FlakyStore {
+        fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
+            self.store.read(log, from, records_max)
+        }
+        fn head(&self, log: &str) -> Result<u64, RuntimeError> {
+            self.store.head(log)
+        }
+        fn committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
+            self.store.committed(consumer)
+        }
+        fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
+            if self.fail_next_commit.swap(false, Ordering::SeqCst) {
+                return Err(RuntimeError::Retryable("the store is busy".to_string()));
+            }
+            self.store.commit(batch)
+        }
+        fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
+            self.store.ingest(event_ids, encode)
+        }
+        fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+            self.store.event_position(event_id)
+        }
+        fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+            self.store.ingested_key(key)
+        }
+        fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
+            self.store.get(table, key)
+        }
+        fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
+            self.store.put(table, key, value)
+        }
+    }
+
+    /// A recharge of an unknown user: the agent stage answers it with `command_rejected`.
+    fn rejected_recharge() -> StageRecord {
+        let line = r#"{"type":"user_recharge","at":"2026-03-02T09:00:00Z","user_id":"nobody","amount":"5.00","commission":"0.00"}"#;
+        let Ok(Parsed::Input(input)) = parse_line(line, || "e1".to_string()) else { panic!("an input") };
+        let at = input.at;
+        let Routed::Message(message) = route_input(input) else { panic!("routed to a stage") };
+        StageRecord {
+            id: RecordId { source: "ingest".to_string(), offset: 0, index: 0 },
+            at,
+            body: RecordBody::Message { message },
+        }
+    }
+
+    #[test]
+    fn a_commit_that_fails_after_apply_stops_the_partition() {
+        let data_dir = tempfile::tempdir().expect("a temporary directory");
+        let store = FlakyStore {
+            store: RedbStore::open(data_dir.path()).expect("the store opens"),
+            fail_next_commit: AtomicBool::new(false),
+        };
+        let log = stage_log(StageKind::Agent, 0);
+        let record = encode(&rejected_recharge()).expect("encodes");
+        store.commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new() }).expect("appended");
+        let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
+        store.fail_next_commit.store(true, Ordering::SeqCst);
+        let error = process_batch(&store, &partition, 1, 16).expect_err("the commit fails");
+        // Retrying would apply the record again, drop it as a duplicate and commit its offset without
+        // its `command_rejected`: the failure must stop the partition instead.
+        assert!(!error.is_retryable(), "{error}");
+        assert_eq!(store.committed(&log).expect("an offset"), 0, "nothing was committed");
+        assert_eq!(store.head(OUTPUTS_LOG).expect("a head"), 0);
+        // A restart rebuilds the partition from the log and produces the output once.
+        let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
+        assert_eq!(process_batch(&store, &partition, 1, 16).expect("processed").consumed, 1);
+        assert_eq!(store.head(OUTPUTS_LOG).expect("a head"), 1, "the rejection is emitted once");
+    }
 }
