@@ -12,7 +12,14 @@ fn main() {
         .filter(|input| !input.command.type_name().starts_with("wallet_"))
         .collect();
     let directory = std::env::temp_dir().join(format!("paisa-throughput-{}", std::process::id()));
-    let embedded = Embedded::start(EmbeddedConfig::new(directory.clone(), ClockMode::Event)).expect("starts");
+    let mut config = EmbeddedConfig::new(directory.clone(), ClockMode::Event);
+    if let Some(threads) = std::env::var("THREADS").ok().and_then(|value| value.parse().ok()) {
+        config.processing_threads = threads;
+    }
+    if let Some(batch) = std::env::var("BATCH").ok().and_then(|value| value.parse().ok()) {
+        config.batch_records_max = batch;
+    }
+    let embedded = Embedded::start(config).expect("starts");
     let started = Instant::now();
     for chunk in inputs.chunks(5_000) {
         embedded.append(chunk.to_vec()).expect("appends");
@@ -29,6 +36,13 @@ fn main() {
         elapsed.as_secs_f64(),
         inputs.len() as f64 / elapsed.as_secs_f64()
     );
+    let mut records = 0;
+    for log in ["order-0", "order-1", "agent-0", "agent-1", "merchant-0", "merchant-1", "outputs"] {
+        let head = connectors::runtime::Store::head(embedded.store(), log).unwrap_or(0);
+        println!("{log}: {head} records");
+        records += head;
+    }
+    println!("{records} records in all ({:.1} per input)", records as f64 / inputs.len() as f64);
     embedded.stop();
     let _ = std::fs::remove_dir_all(directory);
 }

@@ -209,6 +209,26 @@ pub fn process_batch<S: Store + ?Sized>(
     partitions: u32,
     records_max: usize,
 ) -> Result<BatchReport, RuntimeError> {
+    let mut batch = WriteBatch::default();
+    let consumed = apply_batch(store, partition, partitions, records_max, &mut batch)?;
+    if consumed == 0 {
+        return Ok(BatchReport::default());
+    }
+    let appended_logs = commit_applied(store, batch)?;
+    Ok(BatchReport { consumed, appended_logs })
+}
+
+/// The read-process half of [`process_batch`]: reads up to `records_max` records of one partition after
+/// its committed offset, applies them, and adds what they produced and the new offset to `batch`.
+/// Several partitions' batches may go into one commit (group commit); none of them may read its log
+/// again before that commit. Returns the records consumed.
+pub fn apply_batch<S: Store + ?Sized>(
+    store: &S,
+    partition: &std::sync::RwLock<pipelines::partition::StagePartition>,
+    partitions: u32,
+    records_max: usize,
+    batch: &mut WriteBatch,
+) -> Result<usize, RuntimeError> {
     let (kind, index) = {
         let state = read_lock(partition);
         (state.kind(), state.partition())
@@ -217,9 +237,8 @@ pub fn process_batch<S: Store + ?Sized>(
     let from = store.committed(&log)?;
     let records = store.read(&log, from, records_max)?;
     let Some(&(last_offset, _)) = records.last() else {
-        return Ok(BatchReport::default());
+        return Ok(0);
     };
-    let mut batch = WriteBatch::default();
     {
         let mut state = write_lock(partition);
         let mut produced = pipelines::partition::Produced::default();
@@ -227,13 +246,21 @@ pub fn process_batch<S: Store + ?Sized>(
             match serde_json::from_slice::<pipelines::partition::StageRecord>(bytes) {
                 Ok(record) => {
                     state.apply(record, &mut produced);
-                    encode_produced(&log, *offset, &mut produced, partitions, &mut batch)?;
+                    encode_produced(&log, *offset, &mut produced, partitions, batch)?;
                 }
-                Err(error) => dead_letter(&log, *offset, &error.to_string(), &mut batch),
+                Err(error) => dead_letter(&log, *offset, &error.to_string(), batch),
             }
         }
     }
     batch.offsets.push((log, last_offset + 1));
+    Ok(records.len())
+}
+
+/// Commits batches already applied in memory; returns the logs appended to (whose consumers have work).
+pub fn commit_applied<S: Store + ?Sized>(
+    store: &S,
+    batch: WriteBatch,
+) -> Result<std::collections::BTreeSet<String>, RuntimeError> {
     let appended_logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
     // The batch is applied in memory: a retry would read the same records again and drop them as
     // duplicates, losing what they produced. Whatever the store says, the caller must stop (the next
@@ -242,7 +269,7 @@ pub fn process_batch<S: Store + ?Sized>(
         RuntimeError::Retryable(message) => RuntimeError::Fatal(format!("commit failed after apply: {message}")),
         other => other,
     })?;
-    Ok(BatchReport { consumed: records.len(), appended_logs })
+    Ok(appended_logs)
 }
 
 /// Applies a partition's log up to its committed offset, discarding what it produces (it was
