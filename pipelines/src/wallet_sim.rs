@@ -122,7 +122,15 @@ impl WalletSim {
 
     /// The `crawl_result` input carrying the answer.
     pub fn result(&self, request: &CrawlRequested, now: Timestamp) -> CrawlResult {
-        let (ok, error, lines, next_from) = match self.answer(request, now) {
+        self.answer(request, now).into_result(request)
+    }
+}
+
+impl Answer {
+    /// The `crawl_result` input carrying this answer to `request` (replay's provider and the HTTP
+    /// connector both answer through it).
+    pub fn into_result(self, request: &CrawlRequested) -> CrawlResult {
+        let (ok, error, lines, next_from) = match self {
             Answer::Page { lines, next_from } => (true, None, lines, next_from),
             Answer::Detail(line) => (true, None, vec![line], None),
             Answer::Error(error) => (false, Some(error), Vec::new(), None),

@@ -114,20 +114,11 @@ impl StatementConnector {
 
     /// Asks the provider once and answers with a `crawl_result` for `request`; never fails.
     pub async fn crawl(&self, request: &CrawlRequested) -> CrawlResult {
-        let answer = self.answer(request).await;
-        let (ok, error, lines, next_from) = match answer {
-            Ok((lines, next_from)) => (true, None, lines, next_from),
-            Err(error) => (false, Some(error), Vec::new(), None),
+        let answer = match self.answer(request).await {
+            Ok((lines, next_from)) => pipelines::wallet_sim::Answer::Page { lines, next_from },
+            Err(error) => pipelines::wallet_sim::Answer::Error(error),
         };
-        CrawlResult {
-            request_id: request.request_id.clone(),
-            user_id: request.user_id.clone(),
-            card_id: request.card_id.clone(),
-            ok,
-            error,
-            lines,
-            next_from,
-        }
+        answer.into_result(request)
     }
 
     async fn answer(&self, request: &CrawlRequested) -> Result<Answer, CrawlError> {
