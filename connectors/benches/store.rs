@@ -310,7 +310,7 @@ impl Processor {
         for (index, record) in records.into_iter().enumerate() {
             let position = offset + index as u64;
             let key = &workload.keys[position as usize % workload.keys.len()];
-            if position % 4 == 0 {
+            if position.is_multiple_of(4) {
                 commit.views.push((key.clone(), view_value(key, position, &record)));
             }
             let first = partition_of(key);
