@@ -204,6 +204,15 @@ fn the_api_answers_what_replay_computes() {
     let balance = admin_get(&serve.base, "/v1/users/u1/balance");
     assert_eq!(balance["available"], replayed["users"]["u1"]["available"]);
     assert_eq!(balance["frozen"], replayed["users"]["u1"]["frozen"]);
+    // The bill table: every line fetched, with the sub-order it paid, paged by cursor.
+    let first = admin_get(&serve.base, "/v1/users/u1/bill-table?limit=1");
+    assert_eq!(first["items"][0]["txn_id"], "T1");
+    assert_eq!(first["items"][0]["matched_to"], "o1:1");
+    let cursor = first["next_cursor"].as_str().expect("a second page");
+    let second = admin_get(&serve.base, &format!("/v1/users/u1/bill-table?limit=1&cursor={cursor}"));
+    assert_eq!(second["items"][0]["txn_id"], "T2");
+    assert_eq!(second["items"][0]["matched_to"], "p1:1");
+    assert_eq!(second["next_cursor"], Value::Null);
     let merchant = admin_get(&serve.base, "/v1/merchants/m1/balance");
     assert_eq!(merchant["available"], replayed["merchants"]["m1"]["available"]);
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);

@@ -19,6 +19,7 @@ pub fn routes() -> Router<ApiState> {
         .route("/v1/merchants/{merchant_id}/journal", get(merchant_journal))
         .route("/v1/users/{user_id}/balance", get(user_balance))
         .route("/v1/users/{user_id}/journal", get(user_journal))
+        .route("/v1/users/{user_id}/bill-table", get(user_bill_table))
         .route("/v1/admin/review-queue", get(review_queue))
         .route("/v1/admin/snapshot", get(snapshot))
         .route("/v1/admin/lag", get(lag))
@@ -117,6 +118,18 @@ async fn user_journal(
     caller.require_admin()?;
     let paging = paging(query, &["after", "limit"], &state.limits)?;
     found_page(state.pipeline.user_journal(&user_id, paging.after, paging.limit), Entity::User, "user_id", &user_id)
+}
+
+async fn user_bill_table(
+    State(state): State<ApiState>,
+    caller: Caller,
+    Path(user_id): Path<String>,
+    query: RawQuery,
+) -> Result<Json<Page>, ApiError> {
+    caller.require_admin()?;
+    let paging = paging(query, &["cursor", "limit"], &state.limits)?;
+    let page = state.pipeline.user_bill_table(&user_id, paging.cursor.as_deref(), paging.limit);
+    found_page(page, Entity::User, "user_id", &user_id)
 }
 
 async fn review_queue(State(state): State<ApiState>, caller: Caller, query: RawQuery) -> Result<Json<Page>, ApiError> {

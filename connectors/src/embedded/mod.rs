@@ -529,6 +529,10 @@ impl PipelineHandle for Embedded {
         reads::user_journal(&self.inner, user_id, after_seq, limit)
     }
 
+    fn user_bill_table(&self, user_id: &str, cursor: Option<&str>, limit: usize) -> Option<crate::runtime::Page> {
+        reads::user_bill_table(&self.inner, user_id, cursor, limit)
+    }
+
     fn merchant(&self, merchant_id: &str) -> Option<serde_json::Value> {
         reads::merchant(&self.inner, merchant_id)
     }

@@ -111,6 +111,56 @@ pub(super) fn user_journal(inner: &Inner, user_id: &str, after_seq: u64, limit: 
     Some(page(&agent.journal, |entry| entry.seq, after_seq, limit))
 }
 
+/// The bill table of an agent's cards, paged; the cursor is the last item's (see `bill_cursor`).
+pub(super) fn user_bill_table(inner: &Inner, user_id: &str, cursor: Option<&str>, limit: usize) -> Option<Page> {
+    let agent_guard = guard(inner, StageKind::Agent, user_id)?;
+    let agent = agents(&agent_guard)?.agents.get(user_id)?;
+    let after = cursor.and_then(parse_bill_cursor);
+    let mut items = Vec::with_capacity(limit.min(1024));
+    let mut next_cursor = None;
+    for (card_id, card) in &agent.cards {
+        let within = match &after {
+            Some((after_card, _, _)) if card_id < after_card => continue,
+            Some((after_card, time, txn_id)) if card_id == after_card => Some((*time, txn_id.as_str())),
+            _ => None,
+        };
+        for bill_line in card.bill.lines_after(within) {
+            if items.len() == limit {
+                next_cursor = items.last().and_then(|item: &Value| item["cursor"].as_str().map(str::to_string));
+                return Some(Page { items, next_cursor });
+            }
+            items.push(bill_item(agent, card_id, bill_line));
+        }
+    }
+    Some(Page { items, next_cursor })
+}
+
+fn bill_item(agent: &Agent, card_id: &str, bill_line: &pipelines::stages::agent::state::BillLine) -> Value {
+    let line = &bill_line.line;
+    let matched_to =
+        bill_line.used_by.and_then(|index| agent.subs.get(index)).map(|sub| format!("{}:{}", sub.order_id, sub.seq));
+    json!({
+        "cursor": bill_cursor(card_id, line.time, &line.txn_id),
+        "card_id": card_id, "txn_id": line.txn_id, "utr": line.utr, "utr_supported": line.utr_supported,
+        "direction": line.direction, "amount": line.amount, "status": line.status, "time": line.time,
+        "counterparty": line.counterparty, "payee_ifsc": line.payee_ifsc, "matched_to": matched_to,
+    })
+}
+
+/// `{time_ms}/{card id length}/{card id}{txn id}`: ids may hold any character, so the card id is
+/// delimited by its length.
+fn bill_cursor(card_id: &str, time: pipelines::Timestamp, txn_id: &str) -> String {
+    format!("{}/{}/{card_id}{txn_id}", time.millis(), card_id.len())
+}
+
+fn parse_bill_cursor(cursor: &str) -> Option<(String, pipelines::Timestamp, String)> {
+    let (time, rest) = cursor.split_once('/')?;
+    let (length, ids) = rest.split_once('/')?;
+    let length: usize = length.parse().ok()?;
+    let (card_id, txn_id) = (ids.get(..length)?, ids.get(length..)?);
+    Some((card_id.to_string(), pipelines::Timestamp::from_millis(time.parse().ok()?), txn_id.to_string()))
+}
+
 pub(super) fn merchant(inner: &Inner, merchant_id: &str) -> Option<Value> {
     let merchant_guard = guard(inner, StageKind::Merchant, merchant_id)?;
     let merchant = merchants(&merchant_guard)?.merchants.get(merchant_id)?;

@@ -71,6 +71,12 @@ pub trait PipelineHandle: Send + Sync + 'static {
     fn user(&self, user_id: &str) -> Option<Value>;
     /// An agent's journal entries with `seq` > `after_seq`, at most `limit` of them.
     fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Option<Page>;
+    /// An agent's bill table (SPEC §4): every statement line fetched per card, ordered by card, then
+    /// time and txn id, after `cursor`, at most `limit` of them, each with the sub-order it is matched to.
+    fn user_bill_table(&self, user_id: &str, cursor: Option<&str>, limit: usize) -> Option<Page> {
+        let _ = (user_id, cursor, limit);
+        None
+    }
     /// A merchant's balances, or None.
     fn merchant(&self, merchant_id: &str) -> Option<Value>;
     /// A merchant's journal entries with `seq` > `after_seq`, at most `limit` of them.

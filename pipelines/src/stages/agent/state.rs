@@ -201,6 +201,15 @@ impl BillTable {
         self.lines.insert(line.txn_id.clone(), BillLine { line, used_by: None, reserved_by: None });
     }
 
+    /// Every line, oldest first (time, then txn id), from the first one after `after` (time, txn id).
+    pub fn lines_after(&self, after: Option<(Timestamp, &str)>) -> impl Iterator<Item = &BillLine> {
+        let start = match after {
+            Some((time, txn_id)) => std::ops::Bound::Excluded((time, txn_id.to_string())),
+            None => std::ops::Bound::Unbounded,
+        };
+        self.by_time.range((start, std::ops::Bound::Unbounded)).filter_map(|(_, txn_id)| self.lines.get(txn_id))
+    }
+
     /// Lines with `lower ≤ time ≤ upper`, oldest first (time, then txn id).
     pub fn window(&self, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
         self.by_time
