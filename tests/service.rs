@@ -415,3 +415,51 @@ fn a_timer_set_at_the_time_of_the_last_tick_still_fires() {
     let replayed = pipelines::replay::replay_to_json(&scenario).expect("the scenario replays");
     assert_same_state(served, serde_json::from_str(&replayed).expect("JSON"));
 }
+
+#[test]
+fn on_the_system_clock_the_server_stamps_time_and_ticks_fire_timers() {
+    // Short waves and close (SPEC §8 settings) so that a collection nobody pays closes within seconds,
+    // with no input after its dispatch: only the ticker can fire its timers (SPEC §3).
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let settings = json!({"collection_waves": [1, 2], "collection_close_after": 3});
+    let config = config_file(data_dir.path(), &settings);
+    let data = data_dir.path().join("data");
+    let data = data.to_str().expect("a UTF-8 path");
+    let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0"]);
+    let provider = wallet_sim.base.as_str();
+    let args =
+        ["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--config", &config, "--statement-provider", provider];
+    let serve = start(&args);
+    wait_ready(&serve.base);
+    let events = [
+        json!({"type":"merchant_registered","merchant_id":"m1","collection_fee_rate":"0.02","payout_fee_rate":"0.00",
+            "payout_fee_fixed":"0.00"}),
+        json!({"type":"user_registered","user_id":"u1","telegram_bound":false}),
+        json!({"type":"card_bound","user_id":"u1","card_id":"k1","provider":"phonepe"}),
+        json!({"type":"user_recharge","user_id":"u1","amount":"500.00","commission":"0.00"}),
+        json!({"type":"collection_created","order_id":"o1","merchant_id":"m1","amount":"100.00"}),
+        json!({"type":"collection_dispatched","order_id":"o1","user_id":"u1","card_id":"k1"}),
+    ];
+    for event in &events {
+        let response = client().post(format!("{}/v1/events", serve.base)).bearer_auth(ADMIN_KEY).json(event).send();
+        let status = response.expect("an answer").status();
+        assert_eq!(status.as_u16(), 202, "{event}");
+    }
+    // A client may not choose `at` on the system clock.
+    let stamped = json!({"type":"tick","at":"2026-03-02T09:00:00Z"});
+    let refused = client().post(format!("{}/v1/events", serve.base)).bearer_auth(ADMIN_KEY).json(&stamped).send();
+    assert_eq!(refused.expect("an answer").status().as_u16(), 400);
+    let deadline = Instant::now() + QUIESCENCE_TIMEOUT;
+    loop {
+        let order = admin_get(&serve.base, "/v1/orders/o1");
+        if order["state"] == "cancelled" {
+            assert_eq!(order["sub_orders"][0]["state"], "payment_timeout", "R-CLOSE-1 closed it: {order}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the close never fired: {order}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let balance = admin_get(&serve.base, "/v1/users/u1/balance");
+    assert_eq!(balance["frozen"], "0.00", "the hold was released");
+    assert_eq!(balance["available"], "500.00");
+}
