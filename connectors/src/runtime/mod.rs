@@ -224,6 +224,9 @@ pub fn process_batch<S: Store + ?Sized>(
     Ok(BatchReport { consumed, appended_logs })
 }
 
+/// Records applied under one hold of a partition's write lock.
+const RECORDS_PER_LOCK_MAX: usize = 64;
+
 /// The read-process half of [`process_batch`]: reads up to `records_max` records of one partition after
 /// its committed offset, applies them, and adds what they produced and the new offset to `batch`.
 /// Several partitions' batches may go into one commit (group commit); none of them may read its log
@@ -245,16 +248,22 @@ pub fn apply_batch<S: Store + ?Sized>(
     let Some(&(last_offset, _)) = records.last() else {
         return Ok(0);
     };
-    {
+    let mut produced = pipelines::partition::Produced::default();
+    // The write lock is taken per chunk, so that readers of this partition's state (the API) wait for
+    // a few records at most, not a whole batch.
+    for chunk in records.chunks(RECORDS_PER_LOCK_MAX) {
+        let decoded: Vec<_> = chunk
+            .iter()
+            .map(|(offset, bytes)| (*offset, serde_json::from_slice::<pipelines::partition::StageRecord>(bytes)))
+            .collect();
         let mut state = write_lock(partition);
-        let mut produced = pipelines::partition::Produced::default();
-        for (offset, bytes) in &records {
-            match serde_json::from_slice::<pipelines::partition::StageRecord>(bytes) {
+        for (offset, record) in decoded {
+            match record {
                 Ok(record) => {
                     state.apply(record, &mut produced);
-                    encode_produced(&log, *offset, &mut produced, partitions, batch)?;
+                    encode_produced(&log, offset, &mut produced, partitions, batch)?;
                 }
-                Err(error) => dead_letter(&log, *offset, &error.to_string(), batch),
+                Err(error) => dead_letter(&log, offset, &error.to_string(), batch),
             }
         }
     }
