@@ -5,7 +5,8 @@
 //! requests, and measures the time until every log is consumed (`GET /v1/admin/lag` = 0). Then it reads
 //! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
 //! latency percentiles. Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
-//! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5).
+//! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
+//! lag while the pipeline drains.
 
 use pipelines::input::Command;
 use pipelines::Input;
@@ -85,8 +86,17 @@ fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {
 }
 
 fn wait_quiescent(client: &reqwest::blocking::Client, serve: &str) {
-    while lag(client, serve) > 0 {
-        std::thread::sleep(Duration::from_millis(20));
+    let trace = std::env::var("BENCH_TRACE").is_ok();
+    let started = Instant::now();
+    loop {
+        let lag = lag(client, serve);
+        if trace {
+            println!("  {:>6.2} s: lag {lag}", started.elapsed().as_secs_f64());
+        }
+        if lag == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(if trace { 200 } else { 20 }));
     }
 }
 

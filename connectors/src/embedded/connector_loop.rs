@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Outputs one connector batch reads at most (each crawl in it may take up to the request timeout).
-pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 256;
+pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 1024;
 
 /// Runs until the pipeline stops; a store failure stops the loop and is returned.
 pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {

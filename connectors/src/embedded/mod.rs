@@ -50,7 +50,7 @@ impl EmbeddedConfig {
             batch_records_max: 1024,
             processing_threads: 2,
             clock,
-            tick_interval_ms: 1000,
+            tick_interval_ms: 100,
             engine: Config::default(),
         }
     }

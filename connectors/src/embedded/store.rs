@@ -6,8 +6,11 @@ use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
-/// Records by (log, offset).
-const RECORDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("records");
+/// The records of one log by offset: a table per log (`log:{name}`), so appends compare integer keys
+/// and one log's pages are not interleaved with another's.
+fn log_table(log: &str) -> String {
+    format!("log:{log}")
+}
 /// Next offset per log.
 const HEADS: TableDefinition<&str, u64> = TableDefinition::new("heads");
 /// Next offset to consume per consumer.
@@ -37,7 +40,6 @@ impl RedbStore {
         let database = Database::create(data_dir.join("paisa.redb")).map_err(fatal)?;
         let transaction = database.begin_write().map_err(fatal)?;
         {
-            transaction.open_table(RECORDS).map_err(fatal)?;
             transaction.open_table(HEADS).map_err(fatal)?;
             transaction.open_table(OFFSETS).map_err(fatal)?;
             transaction.open_table(EVENT_IDS).map_err(fatal)?;
@@ -72,26 +74,57 @@ impl RedbStore {
     }
 }
 
-fn append(
-    records: &mut redb::Table<(&str, u64), &[u8]>,
-    heads: &mut redb::Table<&str, u64>,
-    log: &str,
-    bytes: &[u8],
-) -> Result<u64, RuntimeError> {
-    let offset = heads.get(log).map_err(fatal)?.map_or(0, |value| value.value());
-    records.insert((log, offset), bytes).map_err(fatal)?;
-    heads.insert(log, offset + 1).map_err(fatal)?;
-    Ok(offset)
+/// Appends within one write transaction: each log's table is opened once and its head kept in memory,
+/// then written back by [`Appender::finish`].
+struct Appender<'txn> {
+    transaction: &'txn redb::WriteTransaction,
+    tables: std::collections::BTreeMap<String, (redb::Table<'txn, u64, &'static [u8]>, u64)>,
+}
+
+impl<'txn> Appender<'txn> {
+    fn new(transaction: &'txn redb::WriteTransaction) -> Appender<'txn> {
+        Appender { transaction, tables: std::collections::BTreeMap::new() }
+    }
+
+    fn append(&mut self, heads: &redb::Table<&str, u64>, log: &str, bytes: &[u8]) -> Result<u64, RuntimeError> {
+        if !self.tables.contains_key(log) {
+            let name = log_table(log);
+            let table = self.transaction.open_table(TableDefinition::<u64, &[u8]>::new(&name)).map_err(fatal)?;
+            let head = heads.get(log).map_err(fatal)?.map_or(0, |value| value.value());
+            self.tables.insert(log.to_string(), (table, head));
+        }
+        let Some((table, head)) = self.tables.get_mut(log) else {
+            return Err(RuntimeError::Fatal(format!("log {log} was not opened")));
+        };
+        let offset = *head;
+        table.insert(offset, bytes).map_err(fatal)?;
+        *head += 1;
+        Ok(offset)
+    }
+
+    /// Writes the new heads.
+    fn finish(self, heads: &mut redb::Table<&str, u64>) -> Result<(), RuntimeError> {
+        for (log, (_, head)) in &self.tables {
+            heads.insert(log.as_str(), *head).map_err(fatal)?;
+        }
+        Ok(())
+    }
 }
 
 impl Store for RedbStore {
     fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
-        let table = transaction.open_table(RECORDS).map_err(fatal)?;
+        let name = log_table(log);
+        let table = match transaction.open_table(TableDefinition::<u64, &[u8]>::new(&name)) {
+            Ok(table) => table,
+            // Nothing was ever appended to this log.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(fatal(error)),
+        };
         let mut records = Vec::with_capacity(records_max.min(4096));
-        for entry in table.range((log, from)..=(log, u64::MAX)).map_err(fatal)?.take(records_max) {
+        for entry in table.range(from..).map_err(fatal)?.take(records_max) {
             let (key, value) = entry.map_err(fatal)?;
-            records.push((key.value().1, value.value().to_vec()));
+            records.push((key.value(), value.value().to_vec()));
         }
         Ok(records)
     }
@@ -107,11 +140,12 @@ impl Store for RedbStore {
     fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
         let transaction = self.database.begin_write().map_err(fatal)?;
         {
-            let mut records = transaction.open_table(RECORDS).map_err(fatal)?;
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            let mut appender = Appender::new(&transaction);
             for (log, bytes) in &batch.appends {
-                append(&mut records, &mut heads, log, bytes)?;
+                appender.append(&heads, log, bytes)?;
             }
+            appender.finish(&mut heads)?;
             let mut offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
             for (consumer, next) in &batch.offsets {
                 let previous = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
@@ -127,8 +161,8 @@ impl Store for RedbStore {
         let transaction = self.database.begin_write().map_err(fatal)?;
         let mut outcomes = Vec::with_capacity(event_ids.len());
         {
-            let mut records = transaction.open_table(RECORDS).map_err(fatal)?;
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            let mut appender = Appender::new(&transaction);
             let mut seen = transaction.open_table(EVENT_IDS).map_err(fatal)?;
             let mut created = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
             for (index, event_id) in event_ids.iter().enumerate() {
@@ -141,7 +175,7 @@ impl Store for RedbStore {
                 seen.insert(*event_id, position).map_err(fatal)?;
                 let ingested = encode(index, position)?;
                 for (log, bytes) in ingested.records {
-                    append(&mut records, &mut heads, &log, &bytes)?;
+                    appender.append(&heads, &log, &bytes)?;
                 }
                 for (key, owner) in ingested.keys {
                     if created.get(key.as_str()).map_err(fatal)?.is_none() {
@@ -150,6 +184,7 @@ impl Store for RedbStore {
                 }
                 outcomes.push(Appended::New { position });
             }
+            appender.finish(&mut heads)?;
         }
         // An encoding error above drops the transaction: nothing of the request is appended.
         transaction.commit().map_err(fatal)?;
