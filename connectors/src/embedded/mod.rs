@@ -430,7 +430,6 @@ fn created_keys(command: &pipelines::input::Command) -> Vec<(String, String)> {
         Command::MerchantRegistered(registered) => {
             vec![(format!("merchant:{}", registered.merchant_id), String::new())]
         }
-        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.clone())],
         _ => Vec::new(),
     }
 }
@@ -447,7 +446,14 @@ impl Inner {
     /// Encodes an input as the records it becomes: one for its stage partition, or a tick for every
     /// partition.
     fn ingested(&self, input: &Input, position: u64) -> Result<Ingested, RuntimeError> {
-        Ok(Ingested { records: self.records_of(input, position)?, keys: created_keys(&input.command) })
+        let exclusive_keys = match &input.command {
+            pipelines::input::Command::CardBound(bound) => {
+                vec![(format!("card:{}", bound.card_id), bound.user_id.clone())]
+            }
+            _ => Vec::new(),
+        };
+        let records = self.records_of(input, position)?;
+        Ok(Ingested { records, keys: created_keys(&input.command), exclusive_keys })
     }
 
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {

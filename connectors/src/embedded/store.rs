@@ -182,6 +182,19 @@ impl Store for RedbStore {
                         created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
                     }
                 }
+                for (key, owner) in ingested.exclusive_keys {
+                    let existing = created.get(key.as_str()).map_err(fatal)?.map(|value| value.value().to_string());
+                    match existing {
+                        Some(existing) if existing != owner => {
+                            // Dropping the transaction appends nothing of the request.
+                            return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
+                        }
+                        Some(_) => {}
+                        None => {
+                            created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
+                        }
+                    }
+                }
                 outcomes.push(Appended::New { position });
             }
             appender.finish(&mut heads)?;
@@ -223,5 +236,34 @@ fn definition(table: KeyValueTable) -> TableDefinition<'static, &'static str, &'
     match table {
         KeyValueTable::MerchantKeys => MERCHANT_KEYS,
         KeyValueTable::Meta => META,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Ingested;
+
+    fn bind(store: &RedbStore, event_id: &str, card: &str, user: &str) -> Result<Vec<Appended>, RuntimeError> {
+        store.ingest(&[event_id], &mut |_, position| {
+            Ok(Ingested {
+                records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                keys: Vec::new(),
+                exclusive_keys: vec![(format!("card:{card}"), user.to_string())],
+            })
+        })
+    }
+
+    #[test]
+    fn a_card_belongs_to_one_agent_even_when_requests_race() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        assert_eq!(bind(&store, "e1", "k1", "u1").expect("bound"), vec![Appended::New { position: 0 }]);
+        let refused = bind(&store, "e2", "k1", "u2");
+        assert!(matches!(refused, Err(RuntimeError::Invalid(_))), "{refused:?}");
+        assert_eq!(store.head("agent-0").expect("a head"), 1, "nothing of the refused request was appended");
+        assert_eq!(store.event_position("e2").expect("a lookup"), None, "its event id is not taken either");
+        // The same agent binding the card again is the stage's to answer (duplicate_card), not a conflict.
+        assert_eq!(bind(&store, "e3", "k1", "u1").expect("appended"), vec![Appended::New { position: 1 }]);
     }
 }

@@ -133,6 +133,10 @@ pub type Records = Vec<(String, Vec<u8>)>;
 pub struct Ingested {
     pub records: Records,
     pub keys: Vec<(String, String)>,
+    /// Keys that belong to one owner forever (a card to its agent, SPEC §4): if one is recorded with
+    /// another owner, the whole ingestion fails with [`RuntimeError::Invalid`] and nothing is appended.
+    /// Checked in the ingesting transaction, so two requests racing for one card cannot both pass.
+    pub exclusive_keys: Vec<(String, String)>,
 }
 
 /// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → what
