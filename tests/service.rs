@@ -463,3 +463,22 @@ fn on_the_system_clock_the_server_stamps_time_and_ticks_fire_timers() {
     assert_eq!(balance["frozen"], "0.00", "the hold was released");
     assert_eq!(balance["available"], "500.00");
 }
+
+#[test]
+fn a_data_directory_refuses_other_settings() {
+    // State is rebuilt by replaying the logs: other partitions or SPEC §8 settings would rebuild another
+    // state than the one already acted on, so the service refuses to start.
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let data = data_dir.path().join("data");
+    let data = data.to_str().expect("a UTF-8 path");
+    drop(start(&["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"]));
+    let config = config_file(data_dir.path(), &json!({"collection_close_after": 60}));
+    for extra in [vec!["--partitions", "3"], vec!["--config", config.as_str()]] {
+        let mut args = vec!["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"];
+        args.extend(extra.iter().copied());
+        let output = Command::new(env!("CARGO_BIN_EXE_paisa")).args(&args).output().expect("paisa runs");
+        assert!(!output.status.success(), "started with {extra:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("the data directory was created with"), "{extra:?}: {stderr}");
+    }
+}

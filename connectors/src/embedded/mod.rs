@@ -119,7 +119,7 @@ impl Embedded {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
         let store = RedbStore::open(&config.data_dir)?;
-        check_partitions(&store, config.partitions)?;
+        check_settings(&store, config.partitions, &config.engine)?;
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
         // The logs one processing thread consumes share its doorbell (assigned as `worker_partitions`).
@@ -287,14 +287,21 @@ fn stop_on_panic(inner: &Inner, name: &str, body: impl FnOnce()) {
     }
 }
 
-/// Refuses a data directory created with another partition count (keys would land elsewhere).
-fn check_partitions(store: &RedbStore, partitions: u32) -> Result<(), RuntimeError> {
-    match store.get(KeyValueTable::Meta, "partitions")? {
-        Some(existing) if existing != partitions.to_string() => Err(RuntimeError::Fatal(format!(
-            "the data directory has {existing} partitions per stage; started with {partitions}"
+/// Refuses a data directory created with another partition count (keys would land elsewhere) or other
+/// engine settings (SPEC §8): state is rebuilt by replaying the logs, and the same records under other
+/// settings would give another state than the one already acted on.
+fn check_settings(store: &RedbStore, partitions: u32, engine: &Config) -> Result<(), RuntimeError> {
+    check_setting(store, "partitions", &partitions.to_string())?;
+    check_setting(store, "engine_config", &format!("{engine:?}"))
+}
+
+fn check_setting(store: &RedbStore, key: &str, value: &str) -> Result<(), RuntimeError> {
+    match store.get(KeyValueTable::Meta, key)? {
+        Some(existing) if existing != value => Err(RuntimeError::Fatal(format!(
+            "the data directory was created with {key} = {existing}; started with {value}"
         ))),
         Some(_) => Ok(()),
-        None => store.put(KeyValueTable::Meta, "partitions", &partitions.to_string()),
+        None => store.put(KeyValueTable::Meta, key, value),
     }
 }
 
