@@ -98,18 +98,18 @@ impl Engine {
 
     /// Fires every timer due at or before `until` (the end of a replay, or a `tick`).
     pub fn advance_to(&mut self, until: Timestamp) {
-        while let Some((&(due, _), _)) = self.timers.first_key_value() {
-            if due > until {
-                break;
-            }
-            self.fire_next();
-        }
+        self.fire_timers(|due| due <= until);
         self.clock = self.clock.max(until);
     }
 
     fn fire_timers_before(&mut self, at: Timestamp) {
+        self.fire_timers(|due| due < at);
+    }
+
+    /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3).
+    fn fire_timers(&mut self, is_due: impl Fn(Timestamp) -> bool) {
         while let Some((&(due, _), _)) = self.timers.first_key_value() {
-            if due >= at {
+            if !is_due(due) {
                 break;
             }
             self.fire_next();

@@ -18,9 +18,10 @@ use std::time::Duration;
 /// Outputs one connector batch reads at most (each crawl in it may take up to the request timeout).
 pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 1024;
 
-/// Runs until the pipeline stops; a store failure stops the loop and is returned.
+/// Runs until the pipeline stops; a store failure stops the loop and is returned. The caller attaches
+/// the connector ([`Embedded::attach_connector`]) before the API answers, so its backlog counts in the
+/// lag from the start.
 pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
-    embedded.attach_connector();
     while !embedded.stopping() {
         let consumed = step(&embedded, &connector).await?;
         if consumed == 0 {

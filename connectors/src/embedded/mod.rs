@@ -1,8 +1,9 @@
 //! The embedded backend: the whole pipeline in one process and one data directory.
 //!
 //! Every stage partition (SPEC §3: order, agent and merchant stages, each split by the hash of its key)
-//! consumes one durable log in `paisa.redb` on its own thread, through [`crate::runtime::process_batch`]:
-//! read a batch, apply it to the pure stage, commit produced records + outputs + offset atomically.
+//! consumes one durable log in `paisa.redb`. Processing threads each own some partitions and, per round,
+//! read a batch of each, apply it to the pure stage ([`crate::runtime::apply_batch`]) and commit the
+//! produced records + outputs + offsets of all of them atomically ([`crate::runtime::commit_applied`]).
 //! Working state lives in memory and is rebuilt at start by applying each log up to its committed
 //! offset ([`crate::runtime::restore`]); the stages are deterministic, so it comes back byte for byte.
 
@@ -11,8 +12,8 @@ mod reads;
 pub mod store;
 
 use crate::runtime::{
-    apply_batch, commit_applied, encode, read_lock, restore, stage_log, Appended, ClockMode, Ingested, KeyValueTable,
-    PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
+    apply_batch, commit_applied, encode, for_each_record, read_lock, restore, stage_log, Appended, ClockMode, Ingested,
+    KeyOwners, KeyValueTable, PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
@@ -261,21 +262,8 @@ fn scan_pending(
     records_max: usize,
     observe: &mut dyn FnMut(&StageRecord),
 ) -> Result<(), RuntimeError> {
-    let head = store.head(log)?;
-    let mut next = store.committed(log)?;
-    while next < head {
-        let records = store.read(log, next, records_max)?;
-        let Some(&(last_offset, _)) = records.last() else {
-            break;
-        };
-        for (_, bytes) in &records {
-            if let Ok(record) = serde_json::from_slice::<StageRecord>(bytes) {
-                observe(&record);
-            }
-        }
-        next = last_offset + 1;
-    }
-    Ok(())
+    let pending = store.committed(log)?..store.head(log)?;
+    for_each_record(store, log, pending, records_max, &mut |record| observe(&record))
 }
 
 /// Runs a processing thread's body; a panic (a bug: the state it was applying to is now suspect)
@@ -425,10 +413,11 @@ fn tick(
     Ok(())
 }
 
-/// The ids an input creates, as (key, owner), for [`Ingested::keys`].
-fn created_keys(command: &pipelines::input::Command) -> Vec<(String, String)> {
+/// The ids an input creates, as (key, owner): shared keys ([`Ingested::keys`], first creation wins)
+/// and keys owned forever ([`Ingested::exclusive_keys`]: a card by its agent, SPEC §4).
+fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
     use pipelines::input::Command;
-    match command {
+    let shared = match command {
         Command::CollectionCreated(created) => {
             vec![(format!("order:{}", created.order_id), created.merchant_id.clone())]
         }
@@ -438,7 +427,12 @@ fn created_keys(command: &pipelines::input::Command) -> Vec<(String, String)> {
             vec![(format!("merchant:{}", registered.merchant_id), String::new())]
         }
         _ => Vec::new(),
-    }
+    };
+    let exclusive = match command {
+        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.clone())],
+        _ => Vec::new(),
+    };
+    (shared, exclusive)
 }
 
 /// The wall clock as event time (only the runtime reads it; the stages never do).
@@ -452,34 +446,29 @@ pub fn system_now() -> Timestamp {
 impl Inner {
     /// Encodes an input as the records it becomes: one for its stage partition, or a tick for every
     /// partition.
-    fn ingested(&self, input: &Input, position: u64) -> Result<Ingested, RuntimeError> {
-        let exclusive_keys = match &input.command {
-            pipelines::input::Command::CardBound(bound) => {
-                vec![(format!("card:{}", bound.card_id), bound.user_id.clone())]
-            }
-            _ => Vec::new(),
-        };
-        let records = self.records_of(input, position)?;
-        Ok(Ingested { records, keys: created_keys(&input.command), exclusive_keys })
+    fn ingested(&self, input: Input, position: u64) -> Result<Ingested, RuntimeError> {
+        let (keys, exclusive_keys) = created_keys(&input.command);
+        Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys })
     }
 
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {
         self.store.ingested_key(&format!("{kind}:{id}")).ok().flatten()
     }
 
-    fn records_of(&self, input: &Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+    fn records_of(&self, input: Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
         let id = |index: u32| RecordId { source: INGEST_SOURCE.to_string(), offset: position, index };
-        match route_input(input.clone()) {
+        let at = input.at;
+        match route_input(input) {
             Routed::Message(message) => {
                 let (kind, key) = pipelines::partition::destination(&message);
                 let log = stage_log(kind, pipelines::partition::partition_of(key, self.config.partitions));
-                let record = StageRecord { id: id(0), at: input.at, body: RecordBody::Message { message } };
+                let record = StageRecord { id: id(0), at, body: RecordBody::Message { message } };
                 Ok(vec![(log, encode(&record)?)])
             }
             Routed::Broadcast => {
                 let mut records = Vec::with_capacity(self.partitions.len());
                 for (index, &(kind, partition)) in self.partitions.keys().enumerate() {
-                    let record = StageRecord { id: id(index as u32), at: input.at, body: RecordBody::Tick };
+                    let record = StageRecord { id: id(index as u32), at, body: RecordBody::Tick };
                     records.push((stage_log(kind, partition), encode(&record)?));
                 }
                 Ok(records)
@@ -497,17 +486,23 @@ impl PipelineHandle for Embedded {
         if self.stopping() {
             return Err(RuntimeError::ShuttingDown);
         }
-        let event_ids: Vec<&str> = inputs.iter().map(|input| input.event_id.as_str()).collect();
+        let event_ids: Vec<String> = inputs.iter().map(|input| input.event_id.clone()).collect();
+        let event_id_refs: Vec<&str> = event_ids.iter().map(String::as_str).collect();
+        let ats: Vec<i64> = inputs.iter().map(|input| input.at.millis()).collect();
+        // Each input is moved into its records once the store asks for it (no copy on this hot path).
+        let mut pending: Vec<Option<Input>> = inputs.into_iter().map(Some).collect();
         let mut logs = Vec::new();
-        let outcomes = self.inner.store.ingest(&event_ids, &mut |index, position| {
-            let ingested = self.inner.ingested(&inputs[index], position)?;
+        let outcomes = self.inner.store.ingest(&event_id_refs, &mut |index, position| {
+            let input = pending.get_mut(index).and_then(Option::take);
+            let input = input.ok_or_else(|| RuntimeError::Fatal(format!("input {index} asked for twice")))?;
+            let ingested = self.inner.ingested(input, position)?;
             logs.extend(ingested.records.iter().map(|(log, _)| log.clone()));
             Ok(ingested)
         })?;
         // Only inputs appended now move the event clock: a duplicate's `at` is not in the logs, so a
         // restart, which recovers the clock from them, would not see it.
-        let appended = inputs.iter().zip(&outcomes).filter(|(_, outcome)| matches!(outcome, Appended::New { .. }));
-        if let Some(at) = appended.map(|(input, _)| input.at.millis()).max() {
+        let appended = ats.iter().zip(&outcomes).filter(|(_, outcome)| matches!(outcome, Appended::New { .. }));
+        if let Some(at) = appended.map(|(at, _)| *at).max() {
             self.inner.ingested_at_max_ms.fetch_max(at, Ordering::SeqCst);
         }
         ring(&self.inner, &logs);

@@ -2,7 +2,7 @@
 //! the write lock of its own partition only for the in-memory part of one batch).
 
 use super::Inner;
-use crate::runtime::{read_lock, stage_log, OutputRecord, Page, Store, CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::runtime::{read_lock, stage_log, Page, Store, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
 use pipelines::stages::agent::state::{Agent, SubState};
@@ -98,11 +98,10 @@ pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {
 
 fn page<T: serde::Serialize>(entries: &[T], seq: impl Fn(&T) -> u64, after_seq: u64, limit: usize) -> Page {
     let start = entries.partition_point(|entry| seq(entry) <= after_seq);
-    let items: Vec<Value> = entries[start..].iter().take(limit).map(to_value).collect();
-    let more = entries.len() > start + items.len();
-    let next_cursor =
-        if more { entries.get(start + items.len() - 1).map(|entry| seq(entry).to_string()) } else { None };
-    Page { items, next_cursor }
+    let shown = &entries[start..entries.len().min(start.saturating_add(limit))];
+    let more = start + shown.len() < entries.len();
+    let next_cursor = if more { shown.last().map(|entry| seq(entry).to_string()) } else { None };
+    Page { items: shown.iter().map(to_value).collect(), next_cursor }
 }
 
 pub(super) fn user_journal(inner: &Inner, user_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
@@ -256,10 +255,11 @@ pub(super) fn snapshot(inner: &Inner) -> Value {
 
 fn outputs(inner: &Inner) -> Vec<Value> {
     let records = inner.store.read(OUTPUTS_LOG, 0, SNAPSHOT_OUTPUTS_MAX).unwrap_or_default();
+    // The stored output is already the document's JSON: taken as it is, not decoded and encoded again.
     records
         .iter()
-        .filter_map(|(_, bytes)| serde_json::from_slice::<OutputRecord>(bytes).ok())
-        .map(|record| to_value(record.output))
+        .filter_map(|(_, bytes)| serde_json::from_slice::<Value>(bytes).ok())
+        .filter_map(|mut record| record.get_mut("output").map(Value::take))
         .collect()
 }
 

@@ -126,17 +126,20 @@ pub trait Store: Send + Sync + 'static {
 /// Records as (log, bytes).
 pub type Records = Vec<(String, Vec<u8>)>;
 
+/// Keys an input creates, with their owners, as (key, owner).
+pub type KeyOwners = Vec<(String, String)>;
+
 /// What one ingested input becomes: its records, and the ids it creates as (key, owner) — e.g.
 /// (`order:o1`, merchant id) — remembered so that commands appended right after it are not refused as
 /// naming unknown ids while the creation is still in flight.
 #[derive(Debug, Default)]
 pub struct Ingested {
     pub records: Records,
-    pub keys: Vec<(String, String)>,
+    pub keys: KeyOwners,
     /// Keys that belong to one owner forever (a card to its agent, SPEC §4): if one is recorded with
     /// another owner, the whole ingestion fails with [`RuntimeError::Invalid`] and nothing is appended.
     /// Checked in the ingesting transaction, so two requests racing for one card cannot both pass.
-    pub exclusive_keys: Vec<(String, String)>,
+    pub exclusive_keys: KeyOwners,
 }
 
 /// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → what
@@ -303,23 +306,39 @@ pub fn restore<S: Store + ?Sized>(
 ) -> Result<u64, RuntimeError> {
     let log = stage_log(partition.kind(), partition.partition());
     let committed = store.committed(&log)?;
-    let mut next = 0;
     let mut produced = pipelines::partition::Produced::default();
-    while next < committed {
-        let records = store.read(&log, next, records_max.min((committed - next) as usize))?;
+    for_each_record(store, &log, 0..committed, records_max, &mut |record| {
+        observe(&record);
+        partition.apply(record, &mut produced);
+        produced.clear();
+    })?;
+    Ok(committed)
+}
+
+/// Decodes the records of `log` at `offsets`, in order, reading `records_max` at a time; undecodable
+/// records are skipped (processing dead-letters them), missing ones are a fatal error.
+pub fn for_each_record<S: Store + ?Sized>(
+    store: &S,
+    log: &str,
+    offsets: std::ops::Range<u64>,
+    records_max: usize,
+    visit: &mut dyn FnMut(pipelines::partition::StageRecord),
+) -> Result<(), RuntimeError> {
+    let mut next = offsets.start;
+    while next < offsets.end {
+        let wanted = records_max.min(usize::try_from(offsets.end - next).unwrap_or(usize::MAX));
+        let records = store.read(log, next, wanted)?;
         let Some(&(last_offset, _)) = records.last() else {
-            return Err(RuntimeError::Fatal(format!("{log}: records {next}..{committed} are missing")));
+            return Err(RuntimeError::Fatal(format!("{log}: records {next}..{} are missing", offsets.end)));
         };
         for (_, bytes) in records {
             if let Ok(record) = serde_json::from_slice::<pipelines::partition::StageRecord>(&bytes) {
-                observe(&record);
-                partition.apply(record, &mut produced);
-                produced.clear();
+                visit(record);
             }
         }
         next = last_offset + 1;
     }
-    Ok(next)
+    Ok(())
 }
 
 /// Turns what one record produced into appends: messages to their stage partitions, outputs to the
