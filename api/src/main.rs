@@ -35,6 +35,15 @@ enum Clock {
     Event,
 }
 
+/// Where the logs, offsets and small tables live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Profile {
+    /// One redb file in `--data-dir` (the default: nothing to install).
+    Embedded,
+    /// Kafka topics and consumer-group offsets, committed in Kafka transactions (`--kafka-brokers`).
+    Kafka,
+}
+
 #[derive(Subcommand)]
 enum Commands {
     /// Replays a JSON-lines scenario (SPEC §9) and prints the final state as JSON.
@@ -45,8 +54,15 @@ enum Commands {
     /// Runs the pipeline on the embedded store behind the HTTP API.
     Serve {
         /// The data directory (created if missing; with `--demo`, a fresh temporary one by default).
-        #[arg(long, required_unless_present = "demo")]
+        #[arg(long, required_unless_present_any = ["demo", "kafka_brokers"])]
         data_dir: Option<PathBuf>,
+        /// Where the logs live: the embedded store in `--data-dir`, or Kafka.
+        #[arg(long, value_enum, default_value = "embedded")]
+        profile: Profile,
+        /// Kafka bootstrap servers (`host:port,…`) of `--profile kafka`; `mock` starts librdkafka's
+        /// in-process mock cluster (tests, trying the profile out: nothing survives the process).
+        #[arg(long, required_if_eq("profile", "kafka"))]
+        kafka_brokers: Option<String>,
         /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
@@ -99,9 +115,29 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Commands::Serve { data_dir, listen, clock, statement_provider, partitions, config, demo } => {
+        Commands::Serve {
+            data_dir,
+            profile,
+            kafka_brokers,
+            listen,
+            clock,
+            statement_provider,
+            partitions,
+            config,
+            demo,
+        } => {
             install_tracing();
-            let options = ServeOptions { data_dir, listen, clock, statement_provider, partitions, config, demo };
+            let options = ServeOptions {
+                data_dir,
+                profile,
+                kafka_brokers,
+                listen,
+                clock,
+                statement_provider,
+                partitions,
+                config,
+                demo,
+            };
             exit_on_error("paisa serve", run_async(serve(options)))
         }
         Commands::WalletSim { listen, clock } => {
@@ -148,12 +184,30 @@ fn replay(file: &Path) -> anyhow::Result<ExitCode> {
 
 struct ServeOptions {
     data_dir: Option<PathBuf>,
+    profile: Profile,
+    kafka_brokers: Option<String>,
     listen: SocketAddr,
     clock: Clock,
     statement_provider: Option<String>,
     partitions: u32,
     config: Option<PathBuf>,
     demo: bool,
+}
+
+/// Starts the pipeline on Kafka (`brokers` = `mock`: an in-process mock cluster, returned to be kept
+/// alive as long as the pipeline runs).
+async fn start_on_kafka(
+    config: EmbeddedConfig,
+    brokers: &str,
+) -> anyhow::Result<(Embedded, Option<connectors::kafka::MockCluster>)> {
+    let mut kafka = connectors::kafka::KafkaConfig::new(brokers, config.partitions);
+    let cluster = if brokers == "mock" { Some(connectors::kafka::start_mock_cluster(&mut kafka)?) } else { None };
+    let embedded = tokio::task::spawn_blocking(move || -> anyhow::Result<Embedded> {
+        let store = connectors::kafka::KafkaStore::open(kafka)?;
+        Ok(Embedded::start_on(config, Box::new(store))?)
+    })
+    .await??;
+    Ok((embedded, cluster))
 }
 
 fn engine_config(path: Option<&Path>) -> anyhow::Result<pipelines::Config> {
@@ -183,7 +237,13 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         (None, true) => demo::demo_config()?,
         (path, _) => engine_config(path.as_deref())?,
     };
-    let embedded = tokio::task::spawn_blocking(move || Embedded::start(config)).await??;
+    let (embedded, _mock_cluster) = match options.profile {
+        Profile::Embedded => (tokio::task::spawn_blocking(move || Embedded::start(config)).await??, None),
+        Profile::Kafka => {
+            let brokers = options.kafka_brokers.clone().context("--profile kafka needs --kafka-brokers")?;
+            start_on_kafka(config, &brokers).await?
+        }
+    };
     if options.demo && options.statement_provider.is_none() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the wallet simulator")?;
         options.statement_provider = Some(format!("http://{}", listener.local_addr()?));

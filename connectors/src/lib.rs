@@ -3,6 +3,7 @@
 //! (`statement`) and the simulated provider served over HTTP (`wallet_sim_http`).
 
 pub mod embedded;
+pub mod kafka;
 pub mod runtime;
 pub mod statement;
 pub mod wallet_sim_http;

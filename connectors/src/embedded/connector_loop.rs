@@ -4,7 +4,7 @@
 //! provider (reads are idempotent) but never appends an answer twice.
 
 use super::{system_now, Embedded};
-use crate::runtime::{encode, stage_log, ClockMode, OutputRecord, RuntimeError, Store, WriteBatch};
+use crate::runtime::{encode, stage_log, ClockMode, OutputRecord, RuntimeError, WriteBatch};
 use crate::runtime::{CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use crate::statement::StatementConnector;
 use pipelines::input::Command;

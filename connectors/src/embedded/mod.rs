@@ -91,7 +91,7 @@ impl Doorbell {
 }
 
 pub(crate) struct Inner {
-    pub(crate) store: RedbStore,
+    pub(crate) store: Box<dyn Store>,
     pub(crate) config: EmbeddedConfig,
     /// Stage partitions by (stage, partition).
     pub(crate) partitions: BTreeMap<(StageKind, u32), Arc<RwLock<StagePartition>>>,
@@ -116,11 +116,18 @@ impl Embedded {
     /// Opens the data directory, restores every stage partition from its log and starts the processing
     /// threads and the ticker.
     pub fn start(config: EmbeddedConfig) -> Result<Embedded, RuntimeError> {
+        let store = RedbStore::open(&config.data_dir)?;
+        Embedded::start_on(config, Box::new(store))
+    }
+
+    /// Runs the pipeline on any [`Store`]: the embedded one, or Kafka's (`crate::kafka`), whose data
+    /// directory setting is then unused.
+    pub fn start_on(config: EmbeddedConfig, store: Box<dyn Store>) -> Result<Embedded, RuntimeError> {
         if config.partitions == 0 || config.partitions > PARTITIONS_MAX {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
-        let store = RedbStore::open(&config.data_dir)?;
-        check_settings(&store, config.partitions, &config.engine)?;
+        let store: Box<dyn Store> = store;
+        check_settings(store.as_ref(), config.partitions, &config.engine)?;
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
         // The logs one processing thread consumes share its doorbell (assigned as `worker_partitions`).
@@ -138,9 +145,9 @@ impl Embedded {
         for kind in StageKind::ALL {
             for index in 0..config.partitions {
                 let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
-                let restored = restore(&store, &mut partition, config.batch_records_max, &mut observe)?;
+                let restored = restore(store.as_ref(), &mut partition, config.batch_records_max, &mut observe)?;
                 tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
-                scan_pending(&store, &stage_log(kind, index), config.batch_records_max, &mut observe)?;
+                scan_pending(store.as_ref(), &stage_log(kind, index), config.batch_records_max, &mut observe)?;
                 let worker = partitions.len() % config.processing_threads.max(1);
                 partitions.insert((kind, index), Arc::new(RwLock::new(partition)));
                 let doorbell = worker_doorbells.entry(worker).or_insert_with(|| Arc::new(Doorbell::default()));
@@ -216,8 +223,8 @@ impl Embedded {
     }
 
     /// The store (the connector loop commits through it).
-    pub fn store(&self) -> &RedbStore {
-        &self.inner.store
+    pub fn store(&self) -> &dyn Store {
+        self.inner.store.as_ref()
     }
 
     pub fn config(&self) -> &EmbeddedConfig {
@@ -257,7 +264,7 @@ fn ring<'a>(inner: &Inner, logs: impl IntoIterator<Item = &'a String>) {
 /// Shows every record of `log` after its committed offset to `observe` (records appended and not yet
 /// processed when the service stopped).
 fn scan_pending(
-    store: &RedbStore,
+    store: &dyn Store,
     log: &str,
     records_max: usize,
     observe: &mut dyn FnMut(&StageRecord),
@@ -278,12 +285,12 @@ fn stop_on_panic(inner: &Inner, name: &str, body: impl FnOnce()) {
 /// Refuses a data directory created with another partition count (keys would land elsewhere) or other
 /// engine settings (SPEC §8): state is rebuilt by replaying the logs, and the same records under other
 /// settings would give another state than the one already acted on.
-fn check_settings(store: &RedbStore, partitions: u32, engine: &Config) -> Result<(), RuntimeError> {
+fn check_settings(store: &dyn Store, partitions: u32, engine: &Config) -> Result<(), RuntimeError> {
     check_setting(store, "partitions", &partitions.to_string())?;
     check_setting(store, "engine_config", &format!("{engine:?}"))
 }
 
-fn check_setting(store: &RedbStore, key: &str, value: &str) -> Result<(), RuntimeError> {
+fn check_setting(store: &dyn Store, key: &str, value: &str) -> Result<(), RuntimeError> {
     match store.get(KeyValueTable::Meta, key)? {
         Some(existing) if existing != value => Err(RuntimeError::Fatal(format!(
             "the data directory was created with {key} = {existing}; started with {value}"
@@ -316,12 +323,17 @@ fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)])
     let mut batch = WriteBatch::default();
     let mut consumed = 0;
     for (partition, log) in owned {
-        consumed +=
-            apply_batch(&inner.store, partition, inner.config.partitions, inner.config.batch_records_max, &mut batch)
-                .map_err(|error| RuntimeError::Fatal(format!("{log}: {error}")))?;
+        consumed += apply_batch(
+            inner.store.as_ref(),
+            partition,
+            inner.config.partitions,
+            inner.config.batch_records_max,
+            &mut batch,
+        )
+        .map_err(|error| RuntimeError::Fatal(format!("{log}: {error}")))?;
     }
     if consumed > 0 {
-        let appended = commit_applied(&inner.store, batch)?;
+        let appended = commit_applied(inner.store.as_ref(), batch)?;
         ring(inner, &appended);
     }
     Ok(consumed)

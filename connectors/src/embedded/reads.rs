@@ -2,7 +2,7 @@
 //! the write lock of its own partition only for the in-memory part of one batch).
 
 use super::Inner;
-use crate::runtime::{read_lock, stage_log, Page, Store, CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::runtime::{read_lock, stage_log, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
 use pipelines::stages::agent::state::{Agent, SubState};

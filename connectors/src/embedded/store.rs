@@ -54,7 +54,7 @@ impl RedbStore {
     /// Records appended to each (log, consumer) pair's log and not yet consumed, summed, read in one
     /// transaction: a batch that consumes from one log and appends to another moves its records
     /// between logs atomically, so the sum never misses them (separate reads could see neither).
-    pub fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+    fn backlog_in_one_transaction(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let heads = transaction.open_table(HEADS).map_err(fatal)?;
         let offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
@@ -220,6 +220,10 @@ impl Store for RedbStore {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(definition(table)).map_err(fatal)?;
         Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
+    }
+
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+        self.backlog_in_one_transaction(pairs)
     }
 
     fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {

@@ -121,6 +121,16 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError>;
     /// Writes a key of a small table, durably.
     fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError>;
+    /// Records appended to each (log, consumer) pair's log and not yet consumed, summed. A store that can
+    /// read every head and offset in one snapshot overrides this (a batch moving records between two
+    /// logs is then never missed by the sum).
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+        let mut backlog = 0u64;
+        for (log, consumer) in pairs {
+            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(self.committed(consumer)?));
+        }
+        Ok(backlog)
+    }
 }
 
 /// Records as (log, bytes).

@@ -1,0 +1,55 @@
+//! Settings of the Kafka backend (the `--profile kafka` of `paisa serve`).
+
+use serde::Deserialize;
+
+/// How the runtime reaches Kafka and names what it owns there. Every topic and the consumer group are
+/// prefixed with `namespace`, so several deployments (or test runs) share one cluster without meeting.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: a comma-separated list of brokers (`host:port`).
+    pub bootstrap_servers: String,
+    /// Prefix of every topic (`{namespace}.agent`, …) and of the consumer group `{namespace}.stages`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Partitions of each stage topic (order, agent, merchant): the stage partition count of SPEC §3,
+    /// fixed for the life of the topics.
+    pub partitions: u32,
+    /// `transactional.id` of this instance's producer. A second instance started with the same id fences
+    /// the first (its next commit fails fatally), so two processes never both own the stages.
+    #[serde(default = "default_transactional_id")]
+    pub transactional_id: String,
+    /// How long one Kafka call (a transaction commit, an offset lookup) may take before it fails as
+    /// retryable.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_namespace() -> String {
+    "paisa".to_string()
+}
+
+fn default_transactional_id() -> String {
+    "paisa-stages-0".to_string()
+}
+
+fn default_request_timeout_ms() -> u64 {
+    10_000
+}
+
+impl KafkaConfig {
+    pub fn new(bootstrap_servers: impl Into<String>, partitions: u32) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            namespace: default_namespace(),
+            partitions,
+            transactional_id: default_transactional_id(),
+            request_timeout_ms: default_request_timeout_ms(),
+        }
+    }
+
+    /// The consumer group whose offsets the stages and the connector commit in their transactions.
+    pub fn group_id(&self) -> String {
+        format!("{}.stages", self.namespace)
+    }
+}

@@ -1,0 +1,546 @@
+//! The Kafka [`Store`]: each log is a topic partition, consumer offsets are the offsets of one consumer
+//! group, and a commit is one Kafka transaction holding the batch's records and its consumed offsets
+//! (`send_offsets_to_transaction`): the read-process-write transaction of the embedded store, on Kafka.
+//!
+//! The small tables (ingested event ids, keys created by ingested inputs, merchant API keys, settings)
+//! live in the compacted topic `{namespace}.state`, written in the same transactions as the records
+//! they describe and read back into memory when the store opens.
+//!
+//! Consumers read with `isolation.level=read_committed`, but nothing relies on it alone: librdkafka's
+//! mock cluster hands records of aborted transactions to read_committed consumers, and brokers have had
+//! transaction bugs. Every record carries an id derived from its input's position, and every consumer
+//! drops ids it has applied (`StagePartition`), so a record delivered twice changes nothing.
+
+use super::config::KafkaConfig;
+use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Logs that are one topic with one partition (everything else is a stage topic partition).
+const SINGLE_PARTITION_LOGS: [&str; 2] = [crate::runtime::OUTPUTS_LOG, crate::runtime::DEAD_LETTER_LOG];
+/// The compacted topic of the small tables.
+const STATE_TOPIC_SUFFIX: &str = "state";
+/// Records of the state topic read per poll loop at open (bounded; the loop runs to the end).
+const STATE_RECORDS_PER_READ_MAX: usize = 4096;
+/// Attempts to enqueue one record while the producer's queue is full, polling between them.
+const ENQUEUE_ATTEMPTS_MAX: usize = 1000;
+
+/// What the state topic holds, in memory.
+#[derive(Debug, Default)]
+struct Index {
+    /// Event id → ingestion position (SPEC §3: an event id is applied once).
+    events: HashMap<String, u64>,
+    /// Keys created by ingested inputs → owner (first creation wins).
+    keys: HashMap<String, String>,
+    merchant_keys: HashMap<String, String>,
+    meta: HashMap<String, String>,
+    /// Consumer offsets as the transactions that committed them recorded them (see [`KafkaStore::commit`]).
+    offsets: HashMap<String, u64>,
+    /// The next ingestion position. Positions of an aborted ingestion are never reused (a consumer that
+    /// saw its records despite the abort would drop a later input with the same record id).
+    ingest_head: u64,
+}
+
+/// A consumer reading one log, kept assigned so that librdkafka prefetches what comes next.
+struct Reader {
+    consumer: BaseConsumer,
+    /// The offset the next poll returns (where the last read stopped).
+    next: u64,
+}
+
+pub struct KafkaStore {
+    config: KafkaConfig,
+    producer: Mutex<BaseProducer>,
+    /// Owns the consumer group whose offsets transactions commit, and answers committed-offset lookups.
+    group: BaseConsumer,
+    readers: Mutex<HashMap<String, Reader>>,
+    /// Committed offsets by consumer, as this instance committed them (the only writer of the group).
+    committed: Mutex<HashMap<String, u64>>,
+    index: Mutex<Index>,
+}
+
+fn fatal(error: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Fatal(error.to_string())
+}
+
+/// A failed Kafka call: a transaction that can be aborted and retried, or a broker that did not answer
+/// in time, is retryable; a fenced producer or any other fatal librdkafka error stops the process.
+fn kafka_error(what: &str, error: &KafkaError) -> RuntimeError {
+    let message = format!("{what}: {error}");
+    match error {
+        KafkaError::Transaction(inner) if inner.is_fatal() => RuntimeError::Fatal(message),
+        KafkaError::Transaction(inner) if inner.txn_requires_abort() || inner.is_retriable() => {
+            RuntimeError::Retryable(message)
+        }
+        other if other.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::OperationTimedOut) => {
+            RuntimeError::Retryable(message)
+        }
+        _ => RuntimeError::Fatal(message),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl KafkaStore {
+    /// Connects, fences any older instance with the same `transactional.id`, and reads the state topic.
+    /// The topics must exist ([`KafkaStore::topics`] lists them; `paisa admin init` creates them).
+    pub fn open(config: KafkaConfig) -> Result<KafkaStore, RuntimeError> {
+        assert!(config.partitions > 0, "a stage needs at least one partition");
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &config.bootstrap_servers)
+            .set("transactional.id", &config.transactional_id)
+            .set("enable.idempotence", "true")
+            .set("transaction.timeout.ms", "60000")
+            .set("message.timeout.ms", config.request_timeout_ms.to_string())
+            .create()
+            .map_err(|error| kafka_error("creating the producer", &error))?;
+        producer.init_transactions(timeout).map_err(|error| kafka_error("initialising transactions", &error))?;
+        let group = consumer(&config, &config.group_id())?;
+        let store = KafkaStore {
+            producer: Mutex::new(producer),
+            group,
+            readers: Mutex::new(HashMap::new()),
+            committed: Mutex::new(HashMap::new()),
+            index: Mutex::new(Index::default()),
+            config,
+        };
+        store.load_index()?;
+        Ok(store)
+    }
+
+    /// Every topic this store uses, as (name, partitions, compacted).
+    pub fn topics(config: &KafkaConfig) -> Vec<(String, u32, bool)> {
+        let mut topics: Vec<(String, u32, bool)> = pipelines::partition::StageKind::ALL
+            .iter()
+            .map(|kind| (format!("{}.{}", config.namespace, kind.name()), config.partitions, false))
+            .collect();
+        for log in SINGLE_PARTITION_LOGS {
+            topics.push((format!("{}.{log}", config.namespace), 1, false));
+        }
+        topics.push((format!("{}.{STATE_TOPIC_SUFFIX}", config.namespace), 1, true));
+        topics
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// The topic partition of a log: `agent-3` → (`{namespace}.agent`, 3); `outputs` → (…`.outputs`, 0).
+    fn locate(&self, log: &str) -> Result<(String, i32), RuntimeError> {
+        if SINGLE_PARTITION_LOGS.contains(&log) {
+            return Ok((format!("{}.{log}", self.config.namespace), 0));
+        }
+        let located = log.rsplit_once('-').and_then(|(kind, partition)| {
+            let kind = pipelines::partition::StageKind::ALL.into_iter().find(|known| known.name() == kind)?;
+            let partition = partition.parse::<u32>().ok().filter(|partition| *partition < self.config.partitions)?;
+            Some((format!("{}.{}", self.config.namespace, kind.name()), partition as i32))
+        });
+        located.ok_or_else(|| RuntimeError::Fatal(format!("no topic partition holds the log `{log}`")))
+    }
+
+    fn high_watermark(&self, topic: &str, partition: i32) -> Result<u64, RuntimeError> {
+        let (_, high) = self
+            .group
+            .fetch_watermarks(topic, partition, self.timeout())
+            .map_err(|error| kafka_error("watermarks", &error))?;
+        Ok(u64::try_from(high).unwrap_or(0))
+    }
+
+    fn state_topic(&self) -> String {
+        format!("{}.{STATE_TOPIC_SUFFIX}", self.config.namespace)
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.request_timeout_ms)
+    }
+
+    /// Reads the state topic from its beginning into the in-memory index.
+    fn load_index(&self) -> Result<(), RuntimeError> {
+        let topic = self.state_topic();
+        let reader = consumer(&self.config, &format!("{}.state-reader", self.config.namespace))?;
+        let high = self.high_watermark(&topic, 0)?;
+        let mut index = lock(&self.index);
+        let mut next = 0u64;
+        while next < high {
+            assign(&reader, &topic, 0, next)?;
+            let records = poll_records(&reader, STATE_RECORDS_PER_READ_MAX, high, self.timeout())?;
+            let Some(last) = records.last().map(|record| record.offset) else {
+                break; // only transaction markers (or aborted records) remain
+            };
+            for record in records {
+                apply_state_entry(&mut index, &record.key, &record.payload);
+            }
+            next = last + 1;
+        }
+        Ok(())
+    }
+
+    /// Produces `records` as (topic, partition, key, payload) and `offsets` in one transaction.
+    fn transact(
+        &self,
+        records: &[(String, i32, Vec<u8>, Vec<u8>)],
+        offsets: &[(String, u64)],
+    ) -> Result<(), RuntimeError> {
+        let producer = lock(&self.producer);
+        producer.begin_transaction().map_err(|error| kafka_error("beginning a transaction", &error))?;
+        let result = self.fill_transaction(&producer, records, offsets).and_then(|()| {
+            producer.commit_transaction(self.timeout()).map_err(|error| kafka_error("committing a transaction", &error))
+        });
+        if let Err(error) = result {
+            if error.is_retryable() {
+                producer
+                    .abort_transaction(self.timeout())
+                    .map_err(|abort| kafka_error(&format!("aborting after `{error}`"), &abort))?;
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    fn fill_transaction(
+        &self,
+        producer: &BaseProducer,
+        records: &[(String, i32, Vec<u8>, Vec<u8>)],
+        offsets: &[(String, u64)],
+    ) -> Result<(), RuntimeError> {
+        for (topic, partition, key, payload) in records {
+            let mut record =
+                BaseRecord::to(topic).partition(*partition).key(key.as_slice()).payload(payload.as_slice());
+            let mut attempts = 0;
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), returned))
+                        if attempts < ENQUEUE_ATTEMPTS_MAX =>
+                    {
+                        attempts += 1;
+                        record = returned;
+                        producer.poll(Duration::from_millis(10));
+                    }
+                    Err((error, _)) => return Err(kafka_error("producing a record", &error)),
+                }
+            }
+        }
+        if !offsets.is_empty() {
+            let mut list = TopicPartitionList::new();
+            for (consumer, next) in offsets {
+                let (topic, partition) = self.locate(consumer_log(consumer))?;
+                list.add_partition_offset(&topic, partition, Offset::Offset(*next as i64))
+                    .map_err(|error| kafka_error("an offset", &error))?;
+            }
+            let metadata = self
+                .group
+                .group_metadata()
+                .ok_or_else(|| RuntimeError::Fatal("the consumer group has no metadata".to_string()))?;
+            producer
+                .send_offsets_to_transaction(&list, &metadata, self.timeout())
+                .map_err(|error| kafka_error("sending offsets to the transaction", &error))?;
+        }
+        Ok(())
+    }
+
+    fn state_record(&self, key: String, value: &str) -> (String, i32, Vec<u8>, Vec<u8>) {
+        (self.state_topic(), 0, key.into_bytes(), value.as_bytes().to_vec())
+    }
+}
+
+/// The log a consumer reads: stage partitions consume their own log, the connector the outputs log.
+fn consumer_log(consumer: &str) -> &str {
+    if consumer == crate::runtime::CONNECTOR_CONSUMER {
+        crate::runtime::OUTPUTS_LOG
+    } else {
+        consumer
+    }
+}
+
+fn consumer(config: &KafkaConfig, group_id: &str) -> Result<BaseConsumer, RuntimeError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|error| kafka_error("creating a consumer", &error))
+}
+
+struct Fetched {
+    offset: u64,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// Points the consumer at `from` of one topic partition (its only assignment).
+fn assign(consumer: &BaseConsumer, topic: &str, partition: i32, from: u64) -> Result<(), RuntimeError> {
+    let mut list = TopicPartitionList::new();
+    let offset = i64::try_from(from).map_err(fatal)?;
+    list.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .map_err(|error| kafka_error("an assignment", &error))?;
+    consumer.assign(&list).map_err(|error| kafka_error("assigning a partition", &error))
+}
+
+/// Polls the consumer's partition until `records_max` records, the record before `high`, the end of
+/// the partition, or `wait` (what arrived by then is returned; the caller reads again later).
+fn poll_records(
+    consumer: &BaseConsumer,
+    records_max: usize,
+    high: u64,
+    wait: Duration,
+) -> Result<Vec<Fetched>, RuntimeError> {
+    let mut records: Vec<Fetched> = Vec::new();
+    let deadline = Instant::now() + wait;
+    while records.len() < records_max {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            break;
+        }
+        match consumer.poll(remaining.min(Duration::from_millis(100))) {
+            None => continue,
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(error)) => return Err(kafka_error("reading a log", &error)),
+            Some(Ok(message)) => {
+                let offset = u64::try_from(message.offset()).map_err(fatal)?;
+                records.push(Fetched {
+                    offset,
+                    key: message.key().unwrap_or_default().to_vec(),
+                    payload: message.payload().unwrap_or_default().to_vec(),
+                });
+                if offset + 1 >= high {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// One entry of the state topic: `event:{id}` → position, `key:{key}` → owner, `merchant_key:{sha}` →
+/// merchant, `meta:{key}` → value, `offset:{consumer}` → next offset, `head:ingest` → next position. Unknown or malformed entries are skipped (a newer writer's).
+fn apply_state_entry(index: &mut Index, key: &[u8], value: &[u8]) {
+    let (Ok(key), Ok(value)) = (std::str::from_utf8(key), std::str::from_utf8(value)) else {
+        return;
+    };
+    let Some((table, name)) = key.split_once(':') else { return };
+    match table {
+        "event" => {
+            if let Ok(position) = value.parse::<u64>() {
+                index.events.entry(name.to_string()).or_insert(position);
+                index.ingest_head = index.ingest_head.max(position + 1);
+            }
+        }
+        "head" => {
+            if let Ok(head) = value.parse::<u64>() {
+                index.ingest_head = index.ingest_head.max(head);
+            }
+        }
+        "key" => {
+            index.keys.entry(name.to_string()).or_insert_with(|| value.to_string());
+        }
+        "merchant_key" => {
+            index.merchant_keys.insert(name.to_string(), value.to_string());
+        }
+        "meta" => {
+            index.meta.insert(name.to_string(), value.to_string());
+        }
+        "offset" => {
+            if let Ok(next) = value.parse::<u64>() {
+                let known = index.offsets.entry(name.to_string()).or_insert(next);
+                *known = (*known).max(next);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Store for KafkaStore {
+    /// Reads what the partition holds from `from` on, up to `records_max` records or the high watermark
+    /// as it was when the read began (one round trip to learn it; a log with nothing new answers at once).
+    fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
+        let (topic, partition) = self.locate(log)?;
+        let high = self.high_watermark(&topic, partition)?;
+        if from >= high || records_max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut readers = lock(&self.readers);
+        let reader = match readers.entry(log.to_string()) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let consumer = consumer(&self.config, &format!("{}.reader", self.config.namespace))?;
+                entry.insert(Reader { consumer, next: u64::MAX })
+            }
+        };
+        if reader.next != from {
+            assign(&reader.consumer, &topic, partition, from)?;
+        }
+        let fetched = poll_records(&reader.consumer, records_max, high, self.timeout())?;
+        // After a read that ended on skipped records (aborted, markers), the position is unknown:
+        // the next read assigns again.
+        reader.next = match fetched.last() {
+            Some(last) => last.offset + 1,
+            None => u64::MAX,
+        };
+        Ok(fetched
+            .into_iter()
+            .filter(|record| record.offset >= from)
+            .map(|record| (record.offset, record.payload))
+            .collect())
+    }
+
+    /// The high watermark. Under transactions it counts commit markers too, so a consumed log may show
+    /// a lag of its markers (none on the mock cluster, which writes no markers).
+    fn head(&self, log: &str) -> Result<u64, RuntimeError> {
+        let (topic, partition) = self.locate(log)?;
+        self.high_watermark(&topic, partition)
+    }
+
+    fn committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
+        if let Some(next) = lock(&self.committed).get(consumer) {
+            return Ok(*next);
+        }
+        let recorded = lock(&self.index).offsets.get(consumer).copied().unwrap_or(0);
+        let (topic, partition) = self.locate(consumer_log(consumer))?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&topic, partition);
+        let answer = self
+            .group
+            .committed_offsets(list, self.timeout())
+            .map_err(|error| kafka_error("committed offsets", &error))?;
+        let next = match answer.find_partition(&topic, partition).map(|element| element.offset()) {
+            Some(Offset::Offset(next)) => u64::try_from(next).unwrap_or(0),
+            _ => 0,
+        }
+        .max(recorded);
+        lock(&self.committed).insert(consumer.to_string(), next);
+        Ok(next)
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
+        let mut records = Vec::with_capacity(batch.appends.len() + batch.offsets.len());
+        for (log, payload) in batch.appends {
+            let (topic, partition) = self.locate(&log)?;
+            records.push((topic, partition, Vec::new(), payload));
+        }
+        // The offsets go to the consumer group (`send_offsets_to_transaction`, what Kafka's tools read)
+        // and, in the same transaction, to the state topic: the mock cluster does not keep offsets
+        // committed in transactions, and a restart takes the larger of the two.
+        for (consumer, next) in &batch.offsets {
+            records.push(self.state_record(format!("offset:{consumer}"), &next.to_string()));
+        }
+        {
+            let committed = lock(&self.committed);
+            for (consumer, next) in &batch.offsets {
+                let previous = committed.get(consumer).copied().unwrap_or(0);
+                // Offsets only move forward: a stale commit would replay records twice.
+                assert!(*next >= previous, "consumer {consumer} moved back from {previous} to {next}");
+            }
+        }
+        self.transact(&records, &batch.offsets)?;
+        let mut committed = lock(&self.committed);
+        for (consumer, next) in batch.offsets {
+            committed.insert(consumer, next);
+        }
+        Ok(())
+    }
+
+    fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
+        let mut index = lock(&self.index);
+        let mut outcomes = Vec::with_capacity(event_ids.len());
+        let mut new_events: HashMap<String, u64> = HashMap::new();
+        let mut new_keys: HashMap<String, String> = HashMap::new();
+        let mut records = Vec::new();
+        let mut head = index.ingest_head;
+        for (request_index, event_id) in event_ids.iter().enumerate() {
+            if let Some(position) = index.events.get(*event_id).or_else(|| new_events.get(*event_id)) {
+                outcomes.push(Appended::Duplicate { position: *position });
+                continue;
+            }
+            let position = head;
+            head += 1;
+            let ingested = encode(request_index, position)?;
+            for (key, owner) in ingested.exclusive_keys {
+                match index.keys.get(&key).or_else(|| new_keys.get(&key)) {
+                    Some(existing) if *existing != owner => {
+                        return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
+                    }
+                    Some(_) => {}
+                    None => {
+                        new_keys.insert(key, owner);
+                    }
+                }
+            }
+            for (key, owner) in ingested.keys {
+                if !index.keys.contains_key(&key) {
+                    new_keys.entry(key).or_insert(owner);
+                }
+            }
+            for (log, payload) in ingested.records {
+                let (topic, partition) = self.locate(&log)?;
+                records.push((topic, partition, Vec::new(), payload));
+            }
+            records.push(self.state_record(format!("event:{event_id}"), &position.to_string()));
+            new_events.insert(event_id.to_string(), position);
+            outcomes.push(Appended::New { position });
+        }
+        for (key, owner) in &new_keys {
+            records.push(self.state_record(format!("key:{key}"), owner));
+        }
+        if records.is_empty() {
+            return Ok(outcomes);
+        }
+        records.push(self.state_record("head:ingest".to_string(), &head.to_string()));
+        let result = self.transact(&records, &[]);
+        // Whatever the outcome, the positions handed out are not handed out again.
+        index.ingest_head = head;
+        result?;
+        index.events.extend(new_events);
+        for (key, owner) in new_keys {
+            index.keys.entry(key).or_insert(owner);
+        }
+        Ok(outcomes)
+    }
+
+    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+        Ok(lock(&self.index).events.get(event_id).copied())
+    }
+
+    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+        Ok(lock(&self.index).keys.get(key).cloned())
+    }
+
+    fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
+        let index = lock(&self.index);
+        let map = match table {
+            KeyValueTable::MerchantKeys => &index.merchant_keys,
+            KeyValueTable::Meta => &index.meta,
+        };
+        Ok(map.get(key).cloned())
+    }
+
+    fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
+        let prefix = match table {
+            KeyValueTable::MerchantKeys => "merchant_key",
+            KeyValueTable::Meta => "meta",
+        };
+        let record = self.state_record(format!("{prefix}:{key}"), value);
+        self.transact(&[record], &[])?;
+        let mut index = lock(&self.index);
+        let map = match table {
+            KeyValueTable::MerchantKeys => &mut index.merchant_keys,
+            KeyValueTable::Meta => &mut index.meta,
+        };
+        map.insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+}
