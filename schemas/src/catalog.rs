@@ -118,17 +118,28 @@ pub fn embedded(name: SchemaName) -> Result<&'static SchemaDef> {
     }
 }
 
+/// The default topic namespace, as the Kafka backend's (`KafkaConfig::namespace`).
+pub const TOPIC_NAMESPACE: &str = "paisa";
+
 macro_rules! topics {
-    ($($variant:ident = $topic:literal, $key:ident, $value:ident, $doc:literal;)+) => {
-        /// Every Kafka topic of the Kafka profile and the schemas of its keys and values.
+    ($($variant:ident = $suffix:literal, $key:ident, $value:ident, $doc:literal;)+) => {
+        /// Every Kafka topic of the Kafka profile and the schemas of its keys and values. A topic is
+        /// `{namespace}.{suffix}`; [`Topic::name`] and the subjects use the default namespace `paisa`.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Topic { $(#[doc = $doc] $variant),+ }
 
         impl Topic {
             pub const ALL: &'static [Topic] = &[$(Topic::$variant),+];
 
+            /// The name without its namespace (`agent`: the stage logs are named after their stage, as
+            /// the Kafka backend's topics are).
+            pub fn suffix(self) -> &'static str {
+                match self { $(Topic::$variant => $suffix),+ }
+            }
+
+            /// The name in the default namespace: `paisa.{suffix}`.
             pub fn name(self) -> &'static str {
-                match self { $(Topic::$variant => $topic),+ }
+                match self { $(Topic::$variant => concat!("paisa.", $suffix)),+ }
             }
 
             pub fn key_schema(self) -> SchemaName {
@@ -139,37 +150,37 @@ macro_rules! topics {
                 match self { $(Topic::$variant => SchemaName::$value),+ }
             }
 
-            /// TopicNameStrategy subject of the key: `{topic}-key`.
+            /// TopicNameStrategy subject of the key in the default namespace: `paisa.{suffix}-key`.
             pub fn key_subject(self) -> &'static str {
-                match self { $(Topic::$variant => concat!($topic, "-key")),+ }
+                match self { $(Topic::$variant => concat!("paisa.", $suffix, "-key")),+ }
             }
 
-            /// TopicNameStrategy subject of the value: `{topic}-value`.
+            /// TopicNameStrategy subject of the value in the default namespace: `paisa.{suffix}-value`.
             pub fn value_subject(self) -> &'static str {
-                match self { $(Topic::$variant => concat!($topic, "-value")),+ }
+                match self { $(Topic::$variant => concat!("paisa.", $suffix, "-value")),+ }
             }
         }
     };
 }
 
 topics! {
-    Commands = "paisa.commands", CommandKey, Input,
+    Commands = "commands", CommandKey, Input,
         "SPEC §5 inputs as the API accepted them, keyed by the stage and id they are routed to.";
-    StatementResults = "paisa.statement-results", AgentKey, StatementResult,
+    StatementResults = "statement-results", AgentKey, StatementResult,
         "The statement connector's answers (`crawl_result`), keyed by agent.";
-    CrawlRequests = "paisa.crawl-requests", AgentKey, CrawlRequest,
+    CrawlRequests = "crawl-requests", AgentKey, CrawlRequest,
         "`crawl_requested` outputs for the statement connector, keyed by agent.";
-    OrderStage = "paisa.order-stage", OrderKey, StageRecord,
+    OrderStage = "order", OrderKey, StageRecord,
         "The order stage's input log: routed inputs, other stages' messages, ticks.";
-    AgentStage = "paisa.agent-stage", AgentKey, StageRecord,
+    AgentStage = "agent", AgentKey, StageRecord,
         "The agent stage's input log (the order and merchant stages' outputs to it among them).";
-    MerchantStage = "paisa.merchant-stage", MerchantKey, StageRecord,
+    MerchantStage = "merchant", MerchantKey, StageRecord,
         "The merchant stage's input log (the order stage's outputs to it among them).";
-    Outputs = "paisa.outputs", OutputKey, Output,
+    Outputs = "outputs", OutputKey, Output,
         "SPEC §6 outputs (callbacks, notifications, rejections, crawl requests).";
-    Ticks = "paisa.ticks", TickKey, ClockTick,
+    Ticks = "ticks", TickKey, ClockTick,
         "Ticks the runtime appends so timers fire on quiet partitions (SPEC §3).";
-    Changelog = "paisa.changelog", ChangelogKey, ChangelogEntry,
+    Changelog = "changelog", ChangelogKey, ChangelogEntry,
         "Compacted changelog of the stages' keyed state.";
 }
 

@@ -3,7 +3,7 @@
 //! schema (found by the id in the message) to it, so a consumer reads data written under any earlier
 //! BACKWARD-compatible version.
 
-use crate::catalog::{embedded, SchemaName, Topic};
+use crate::catalog::{embedded, subject, SchemaName, Topic};
 use crate::convert::AvroRecord;
 use crate::error::{Error, Result};
 use crate::resolver::SchemaResolver;
@@ -16,14 +16,39 @@ const SAME_SCHEMA_MEMO_MAX: usize = 4_096;
 
 pub struct TopicCodec<R> {
     resolver: R,
+    /// (key subject, value subject) of each topic, in [`Topic::ALL`] order, in this codec's namespace.
+    subjects: Vec<(String, String)>,
     /// (writer id, reader schema) → whether the writer schema is the reader's, so that reading what
     /// the current version wrote skips schema resolution (which copies every value).
     same: Mutex<HashMap<(u32, SchemaName), bool>>,
 }
 
 impl<R: SchemaResolver> TopicCodec<R> {
+    /// A codec for the topics of the default namespace (`paisa.*`).
     pub fn new(resolver: R) -> TopicCodec<R> {
-        TopicCodec { resolver, same: Mutex::new(HashMap::new()) }
+        TopicCodec::with_namespace(resolver, crate::catalog::TOPIC_NAMESPACE)
+    }
+
+    /// A codec for the topics `{namespace}.{suffix}` (the Kafka backend's `KafkaConfig::namespace`):
+    /// subjects are `{namespace}.{suffix}-key` and `-value` (TopicNameStrategy).
+    pub fn with_namespace(resolver: R, namespace: &str) -> TopicCodec<R> {
+        let subjects = Topic::ALL
+            .iter()
+            .map(|topic| {
+                let name = format!("{namespace}.{}", topic.suffix());
+                (subject(&name, true), subject(&name, false))
+            })
+            .collect();
+        TopicCodec { resolver, subjects, same: Mutex::new(HashMap::new()) }
+    }
+
+    /// The (key, value) subjects of a topic in this codec's namespace.
+    pub fn subjects(&self, topic: Topic) -> (&str, &str) {
+        Topic::ALL
+            .iter()
+            .position(|known| *known == topic)
+            .and_then(|index| self.subjects.get(index))
+            .map_or(("", ""), |(key, value)| (key.as_str(), value.as_str()))
     }
 
     pub fn resolver(&self) -> &R {
@@ -31,11 +56,11 @@ impl<R: SchemaResolver> TopicCodec<R> {
     }
 
     pub async fn encode_key<T: AvroRecord>(&self, topic: Topic, key: &T) -> Result<Vec<u8>> {
-        self.encode(topic, topic.key_subject(), topic.key_schema(), key).await
+        self.encode(topic, self.subjects(topic).0, topic.key_schema(), key).await
     }
 
     pub async fn encode_value<T: AvroRecord>(&self, topic: Topic, value: &T) -> Result<Vec<u8>> {
-        self.encode(topic, topic.value_subject(), topic.value_schema(), value).await
+        self.encode(topic, self.subjects(topic).1, topic.value_schema(), value).await
     }
 
     pub async fn decode_key<T: AvroRecord>(&self, topic: Topic, bytes: &[u8]) -> Result<T> {

@@ -138,10 +138,16 @@ fn every_embedded_schema_parses_and_is_named_after_its_file() {
     }
     let ids: std::collections::BTreeSet<u32> = SchemaName::ALL.iter().map(|name| name.static_id()).collect();
     assert_eq!(ids.len(), SchemaName::ALL.len(), "static ids are unique");
+    let other = TopicCodec::with_namespace(StaticResolver::new().expect("parses"), "test-7");
     for topic in Topic::ALL {
+        assert_eq!(topic.name(), format!("paisa.{}", topic.suffix()));
         assert_eq!(topic.key_subject(), format!("{}-key", topic.name()));
         assert_eq!(topic.value_subject(), format!("{}-value", topic.name()));
+        assert_eq!(codec().subjects(*topic), (topic.key_subject(), topic.value_subject()));
+        let value = format!("test-7.{}-value", topic.suffix());
+        assert_eq!(other.subjects(*topic).1, value);
     }
+    assert_eq!(Topic::stage(StageKind::Agent).name(), "paisa.agent", "the Kafka backend's stage topics");
 }
 
 /// Files are self-contained (what a registry stores without references), so shared types are written
