@@ -89,6 +89,28 @@ enum Commands {
         #[arg(long, value_enum, default_value = "system")]
         clock: Clock,
     },
+    /// Operator tasks of the Kafka profile.
+    Admin {
+        #[command(subcommand)]
+        task: AdminTask,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminTask {
+    /// Creates the Kafka topics that `serve --profile kafka` needs; idempotent: exits 0 when every topic
+    /// already exists as wanted, fails when one exists with another partition count.
+    Init {
+        /// Kafka bootstrap servers (`host:port,…`).
+        #[arg(long)]
+        kafka_brokers: String,
+        /// Partitions of each stage topic (fixed for the life of the topics).
+        #[arg(long, default_value_t = 2)]
+        partitions: u32,
+        /// Replicas of each topic.
+        #[arg(long, default_value_t = 1)]
+        replication_factor: i32,
+    },
 }
 
 /// mimalloc's `mi_option_allow_thp` (mimalloc v3 `mi_option_t`).
@@ -144,7 +166,27 @@ fn main() -> ExitCode {
             install_tracing();
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
+        Commands::Admin { task: AdminTask::Init { kafka_brokers, partitions, replication_factor } } => {
+            install_tracing();
+            exit_on_error("paisa admin init", run_async(admin_init(kafka_brokers, partitions, replication_factor)))
+        }
     }
+}
+
+/// `paisa admin init`: prints one line per topic (created or already there).
+async fn admin_init(brokers: String, partitions: u32, replication_factor: i32) -> anyhow::Result<()> {
+    let config = connectors::kafka::KafkaConfig::new(brokers, partitions);
+    for status in connectors::kafka::admin::init_topics(&config, replication_factor).await? {
+        match status {
+            connectors::kafka::admin::TopicStatus::Created { topic, partitions } => {
+                println!("created {topic} ({partitions} partitions)")
+            }
+            connectors::kafka::admin::TopicStatus::Existed { topic, partitions } => {
+                println!("exists  {topic} ({partitions} partitions)")
+            }
+        }
+    }
+    Ok(())
 }
 
 fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {

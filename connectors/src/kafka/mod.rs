@@ -2,7 +2,9 @@
 //! implements, on topic partitions, consumer-group offsets and Kafka transactions. The processing loops,
 //! the ticker, the statement connector and the API run on it unchanged.
 
+pub mod admin;
 pub mod config;
+pub mod payload;
 pub mod store;
 
 pub use config::KafkaConfig;

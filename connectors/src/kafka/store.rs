@@ -16,7 +16,7 @@ use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -31,6 +31,15 @@ const STATE_TOPIC_SUFFIX: &str = "state";
 const STATE_RECORDS_PER_READ_MAX: usize = 4096;
 /// Attempts to enqueue one record while the producer's queue is full, polling between them.
 const ENQUEUE_ATTEMPTS_MAX: usize = 1000;
+
+/// One record to produce in a transaction.
+struct Outgoing {
+    topic: String,
+    partition: i32,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    headers: Vec<(&'static str, Vec<u8>)>,
+}
 
 /// What the state topic holds, in memory.
 #[derive(Debug, Default)]
@@ -186,11 +195,7 @@ impl KafkaStore {
     }
 
     /// Produces `records` as (topic, partition, key, payload) and `offsets` in one transaction.
-    fn transact(
-        &self,
-        records: &[(String, i32, Vec<u8>, Vec<u8>)],
-        offsets: &[(String, u64)],
-    ) -> Result<(), RuntimeError> {
+    fn transact(&self, records: &[Outgoing], offsets: &[(String, u64)]) -> Result<(), RuntimeError> {
         let producer = lock(&self.producer);
         producer.begin_transaction().map_err(|error| kafka_error("beginning a transaction", &error))?;
         let result = self.fill_transaction(&producer, records, offsets).and_then(|()| {
@@ -210,12 +215,19 @@ impl KafkaStore {
     fn fill_transaction(
         &self,
         producer: &BaseProducer,
-        records: &[(String, i32, Vec<u8>, Vec<u8>)],
+        records: &[Outgoing],
         offsets: &[(String, u64)],
     ) -> Result<(), RuntimeError> {
-        for (topic, partition, key, payload) in records {
-            let mut record =
-                BaseRecord::to(topic).partition(*partition).key(key.as_slice()).payload(payload.as_slice());
+        for outgoing in records {
+            let mut headers = OwnedHeaders::new_with_capacity(outgoing.headers.len());
+            for (key, value) in &outgoing.headers {
+                headers = headers.insert(Header { key, value: Some(value.as_slice()) });
+            }
+            let mut record = BaseRecord::to(&outgoing.topic)
+                .partition(outgoing.partition)
+                .key(outgoing.key.as_slice())
+                .payload(outgoing.payload.as_slice())
+                .headers(headers);
             let mut attempts = 0;
             loop {
                 match producer.send(record) {
@@ -249,9 +261,41 @@ impl KafkaStore {
         Ok(())
     }
 
-    fn state_record(&self, key: String, value: &str) -> (String, i32, Vec<u8>, Vec<u8>) {
-        (self.state_topic(), 0, key.into_bytes(), value.as_bytes().to_vec())
+    fn state_record(&self, key: String, value: &str) -> Outgoing {
+        Outgoing {
+            topic: self.state_topic(),
+            partition: 0,
+            key: key.into_bytes(),
+            payload: value.as_bytes().to_vec(),
+            headers: Vec::new(),
+        }
     }
+
+    /// A record of the runtime for `log`, in the topic's format (see [`super::payload`]); a dead letter
+    /// becomes the poison record's own bytes with headers saying where it came from and why.
+    fn outgoing(&self, log: &str, bytes: Vec<u8>) -> Result<Outgoing, RuntimeError> {
+        let (topic, partition) = self.locate(log)?;
+        if log == crate::runtime::DEAD_LETTER_LOG {
+            if let Ok(letter) = serde_json::from_slice::<crate::runtime::DeadLetter>(&bytes) {
+                let (source_topic, source_partition) = self.locate(&letter.log)?;
+                let values = [
+                    source_topic.into_bytes(),
+                    source_partition.to_string().into_bytes(),
+                    letter.offset.to_string().into_bytes(),
+                    letter.error.into_bytes(),
+                ];
+                let headers = super::payload::DEAD_LETTER_HEADERS.into_iter().zip(values).collect();
+                let payload = from_hex(&letter.payload_hex);
+                return Ok(Outgoing { topic, partition, key: Vec::new(), payload, headers });
+            }
+        }
+        let converted = super::payload::to_topic(log, bytes)?;
+        Ok(Outgoing { topic, partition, key: Vec::new(), payload: converted.payload, headers: converted.headers })
+    }
+}
+
+fn from_hex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2).filter_map(|index| u8::from_str_radix(hex.get(index * 2..index * 2 + 2)?, 16).ok()).collect()
 }
 
 /// The log a consumer reads: stage partitions consume their own log, the connector the outputs log.
@@ -280,6 +324,8 @@ struct Fetched {
     offset: u64,
     key: Vec<u8>,
     payload: Vec<u8>,
+    /// The `paisa-record-id` header, on outputs.
+    record_id: Option<Vec<u8>>,
 }
 
 /// Points the consumer at `from` of one topic partition (its only assignment).
@@ -312,10 +358,17 @@ fn poll_records(
             Some(Err(error)) => return Err(kafka_error("reading a log", &error)),
             Some(Ok(message)) => {
                 let offset = u64::try_from(message.offset()).map_err(fatal)?;
+                let record_id = message.headers().and_then(|headers| {
+                    headers
+                        .iter()
+                        .find(|header| header.key == super::payload::RECORD_ID_HEADER)
+                        .and_then(|header| header.value.map(<[u8]>::to_vec))
+                });
                 records.push(Fetched {
                     offset,
                     key: message.key().unwrap_or_default().to_vec(),
                     payload: message.payload().unwrap_or_default().to_vec(),
+                    record_id,
                 });
                 if offset + 1 >= high {
                     break;
@@ -394,7 +447,7 @@ impl Store for KafkaStore {
         Ok(fetched
             .into_iter()
             .filter(|record| record.offset >= from)
-            .map(|record| (record.offset, record.payload))
+            .map(|record| (record.offset, super::payload::from_topic(log, record.payload, record.record_id.as_deref())))
             .collect())
     }
 
@@ -429,8 +482,7 @@ impl Store for KafkaStore {
     fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
         let mut records = Vec::with_capacity(batch.appends.len() + batch.offsets.len());
         for (log, payload) in batch.appends {
-            let (topic, partition) = self.locate(&log)?;
-            records.push((topic, partition, Vec::new(), payload));
+            records.push(self.outgoing(&log, payload)?);
         }
         // The offsets go to the consumer group (`send_offsets_to_transaction`, what Kafka's tools read)
         // and, in the same transaction, to the state topic: the mock cluster does not keep offsets
@@ -486,8 +538,7 @@ impl Store for KafkaStore {
                 }
             }
             for (log, payload) in ingested.records {
-                let (topic, partition) = self.locate(&log)?;
-                records.push((topic, partition, Vec::new(), payload));
+                records.push(self.outgoing(&log, payload)?);
             }
             records.push(self.state_record(format!("event:{event_id}"), &position.to_string()));
             new_events.insert(event_id.to_string(), position);

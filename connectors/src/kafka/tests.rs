@@ -28,10 +28,29 @@ fn read_all(store: &KafkaStore, log: &str) -> Vec<(u64, Vec<u8>)> {
     }
 }
 
+/// A tick record of the runtime (JSON, as the runtime hands records to a store), from `source` at `offset`.
+fn tick(source: &str, offset: u64) -> Vec<u8> {
+    let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
+    let record =
+        StageRecord { id: RecordId { source: source.to_string(), offset, index: 0 }, at, body: RecordBody::Tick };
+    crate::runtime::encode(&record).expect("encodes")
+}
+
+/// An output record of the runtime: a notification caused by `source` at `offset`.
+fn output(source: &str, offset: u64) -> Vec<u8> {
+    let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
+    let body = pipelines::output::OutputBody::SessionRevoked { user_id: "u1".to_string() };
+    let record = OutputRecord {
+        id: RecordId { source: source.to_string(), offset, index: 0 },
+        output: pipelines::output::Output { at, body },
+    };
+    crate::runtime::encode(&record).expect("encodes")
+}
+
 fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) -> Result<Vec<Appended>, RuntimeError> {
     store.ingest(&[event_id], &mut |_, position| {
         Ok(Ingested {
-            records: vec![("agent-0".to_string(), format!("input {position}").into_bytes())],
+            records: vec![("agent-0".to_string(), tick("ingest", position))],
             keys: vec![(format!("order:{event_id}"), "m1".to_string())],
             exclusive_keys: card.map(|(card, user)| (format!("card:{card}"), user.to_string())).into_iter().collect(),
         })
@@ -42,14 +61,20 @@ fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) ->
 fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     let (config, _cluster) = mock(2);
     let store = KafkaStore::open(config.clone()).expect("the store opens");
-    let appends = vec![("agent-1".to_string(), b"one".to_vec()), ("outputs".to_string(), b"two".to_vec())];
+    let appends = vec![("agent-1".to_string(), tick("ingest", 1)), ("outputs".to_string(), output("agent-1", 7))];
     store.commit(WriteBatch { appends, offsets: Vec::new() }).expect("committed");
-    assert_eq!(read_all(&store, "agent-1"), vec![(0, b"one".to_vec())]);
-    assert_eq!(read_all(&store, OUTPUTS_LOG), vec![(0, b"two".to_vec())]);
+    // Avro on the topics; the runtime's own encoding back from the store (an output's record id
+    // travels in a header).
+    assert_eq!(read_all(&store, "agent-1"), vec![(0, tick("ingest", 1))]);
+    assert_eq!(read_all(&store, OUTPUTS_LOG), vec![(0, output("agent-1", 7))]);
+    let (payload, _) = first_raw(&config, "paisa.agent", 1);
+    assert_eq!(payload[..5], [0, 0, 0, 0, 4], "Confluent framing, schema id 4 (StageRecord)");
+    let (payload, record_id) = first_raw(&config, "paisa.outputs", 0);
+    assert_eq!(payload[..5], [0, 0, 0, 0, 5], "Confluent framing, schema id 5 (Output)");
+    assert_eq!(record_id.as_deref(), Some(&br#"{"source":"agent-1","offset":7,"index":0}"#[..]));
     let offsets = vec![("agent-1".to_string(), 1), (crate::runtime::CONNECTOR_CONSUMER.to_string(), 1)];
-    store
-        .commit(WriteBatch { appends: vec![("merchant-0".to_string(), b"three".to_vec())], offsets })
-        .expect("committed");
+    let appends = vec![("merchant-0".to_string(), tick("order-0", 3))];
+    store.commit(WriteBatch { appends, offsets }).expect("committed");
     store.put(KeyValueTable::Meta, "partitions", "2").expect("put");
     drop(store);
     // A new instance (same transactional id: it fences the old one) reads its offsets from the
@@ -58,7 +83,7 @@ fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     assert_eq!(store.committed("agent-1").expect("an offset"), 1);
     assert_eq!(store.committed(crate::runtime::CONNECTOR_CONSUMER).expect("an offset"), 1);
     assert_eq!(store.committed("agent-0").expect("an offset"), 0, "never committed");
-    assert_eq!(read_all(&store, "merchant-0"), vec![(0, b"three".to_vec())]);
+    assert_eq!(read_all(&store, "merchant-0"), vec![(0, tick("order-0", 3))]);
     assert_eq!(store.get(KeyValueTable::Meta, "partitions").expect("a get"), Some("2".to_string()));
     assert!(store.read("agent-7", 0, 1).is_err(), "a log beyond the partition count is refused");
 }
@@ -69,7 +94,7 @@ fn ingestion_deduplicates_event_ids_and_guards_cards_across_restarts() {
     let store = KafkaStore::open(config.clone()).expect("the store opens");
     let outcomes = store
         .ingest(&["e1", "e2", "e1"], &mut |_, position| {
-            Ok(Ingested { records: vec![("agent-0".to_string(), vec![position as u8])], ..Ingested::default() })
+            Ok(Ingested { records: vec![("agent-0".to_string(), tick("ingest", position))], ..Ingested::default() })
         })
         .expect("ingested");
     assert_eq!(
@@ -198,4 +223,112 @@ fn the_pipeline_on_kafka_restarts_from_its_topics_with_the_same_state() {
     wait_quiescent(&pipeline);
     assert_eq!(pipeline.snapshot(), before);
     pipeline.stop();
+}
+
+/// librdkafka's mock cluster does not implement CreateTopics: the topics are created through its own
+/// API, and `init` must find them, create nothing, and refuse a different partition count. (Creation
+/// itself runs against a real broker: `deploy/docker-compose.yml`.)
+#[test]
+fn admin_init_accepts_existing_topics_and_refuses_another_partition_count() {
+    use super::admin::{init_topics, TopicStatus};
+    let (mut config, _cluster) = mock(3);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let statuses = runtime.block_on(init_topics(&config, 1)).expect("init finds every topic");
+    assert_eq!(statuses.len(), KafkaStore::topics(&config).len());
+    assert!(
+        statuses.contains(&TopicStatus::Existed { topic: "paisa.agent".to_string(), partitions: 3 }),
+        "{statuses:?}"
+    );
+    assert!(statuses.iter().all(|status| matches!(status, TopicStatus::Existed { .. })), "{statuses:?}");
+    config.partitions = 4;
+    let refused = runtime.block_on(init_topics(&config, 1));
+    assert!(
+        matches!(refused, Err(RuntimeError::Fatal(ref message)) if message.contains("partition count")),
+        "{refused:?}"
+    );
+}
+
+/// The first record of a topic partition as stored: its value and its `paisa-record-id` header.
+fn first_raw(config: &KafkaConfig, topic: &str, partition: i32) -> (Vec<u8>, Option<Vec<u8>>) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", "inspect")
+        .create()
+        .expect("a consumer");
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, rdkafka::Offset::Beginning).expect("an assignment");
+    consumer.assign(&list).expect("assigned");
+    match consumer.poll(std::time::Duration::from_secs(5)) {
+        Some(Ok(message)) => {
+            let header = message.headers().and_then(|headers| {
+                headers
+                    .iter()
+                    .find(|header| header.key == payload::RECORD_ID_HEADER)
+                    .and_then(|header| header.value.map(<[u8]>::to_vec))
+            });
+            (message.payload().unwrap_or_default().to_vec(), header)
+        }
+        other => panic!("no record on {topic}: {:?}", other.map(|result| result.map(|message| message.offset()))),
+    }
+}
+
+/// A record this version cannot read, produced straight to the agent topic by another producer.
+fn produce_poison(config: &KafkaConfig) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .expect("a plain producer");
+    producer
+        .send(BaseRecord::<(), [u8]>::to("paisa.agent").partition(0).payload(b"\x00\x00\x00\x00\x63garbage"))
+        .expect("sent");
+    producer.flush(std::time::Duration::from_secs(5)).expect("flushed");
+}
+
+#[test]
+fn a_poison_record_goes_to_the_dead_letter_topic_with_its_origin_and_the_partition_goes_on() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let (config, _cluster) = mock(1);
+    let store = KafkaStore::open(config.clone()).expect("the store opens");
+    produce_poison(&config);
+    let log = stage_log(StageKind::Agent, 0);
+    let record = crate::runtime::encode(&rejected_recharge()).expect("encodes");
+    store.commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new() }).expect("appended");
+    let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
+    let mut consumed = 0;
+    while consumed < 2 {
+        consumed += process_batch(&store, &partition, 1, 16).expect("processed").consumed;
+    }
+    assert_eq!(store.committed(&log).expect("an offset"), 2, "the poison record did not stop the partition");
+    assert_eq!(distinct_outputs(&store).len(), 1, "the record after it was processed");
+    // The dead letter: the poison record's bytes, with where it came from and why.
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", "inspect")
+        .create()
+        .expect("a consumer");
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset("paisa.dead-letters", 0, rdkafka::Offset::Beginning).expect("an assignment");
+    consumer.assign(&list).expect("assigned");
+    let letter = match consumer.poll(std::time::Duration::from_secs(5)) {
+        Some(Ok(message)) => message.detach(),
+        Some(Err(error)) => panic!("{error}"),
+        None => panic!("no dead letter"),
+    };
+    assert_eq!(letter.payload(), Some(&b"\x00\x00\x00\x00\x63garbage"[..]));
+    let headers = letter.headers().expect("headers");
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|header| header.key == name)
+            .and_then(|header| header.value)
+            .map(|value| String::from_utf8_lossy(value).to_string())
+    };
+    assert_eq!(header("source-topic").as_deref(), Some("paisa.agent"));
+    assert_eq!(header("source-partition").as_deref(), Some("0"));
+    assert_eq!(header("source-offset").as_deref(), Some("0"));
+    assert!(header("error").is_some_and(|error| !error.is_empty()));
 }

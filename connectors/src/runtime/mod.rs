@@ -280,7 +280,7 @@ pub fn apply_batch<S: Store + ?Sized>(
                     state.apply(record, &mut produced);
                     encode_produced(&log, offset, &mut produced, partitions, batch)?;
                 }
-                Err(error) => dead_letter(&log, offset, &error.to_string(), batch),
+                Err(error) => dead_letter(&log, offset, bytes_at(chunk, offset), &error.to_string(), batch),
             }
         }
     }
@@ -390,10 +390,25 @@ pub fn encode<T: serde::Serialize>(record: &T) -> Result<Vec<u8>, RuntimeError> 
     serde_json::to_vec(record).map_err(|error| RuntimeError::Fatal(format!("encoding a record: {error}")))
 }
 
-fn dead_letter(log: &str, offset: u64, error: &str, batch: &mut WriteBatch) {
+/// A dead letter: where the record was, why it could not be processed, and its bytes (hex).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct DeadLetter {
+    pub log: String,
+    pub offset: u64,
+    pub error: String,
+    pub payload_hex: String,
+}
+
+fn bytes_at(chunk: &[(u64, Vec<u8>)], offset: u64) -> &[u8] {
+    chunk.iter().find(|(at, _)| *at == offset).map_or(&[], |(_, bytes)| bytes.as_slice())
+}
+
+fn dead_letter(log: &str, offset: u64, payload: &[u8], error: &str, batch: &mut WriteBatch) {
     tracing::error!(log, offset, error, "undecodable record moved to the dead-letter log");
-    let letter = serde_json::json!({ "log": log, "offset": offset, "error": error });
-    batch.appends.push((DEAD_LETTER_LOG.to_string(), letter.to_string().into_bytes()));
+    let payload_hex = payload.iter().map(|byte| format!("{byte:02x}")).collect();
+    let letter = DeadLetter { log: log.to_string(), offset, error: error.to_string(), payload_hex };
+    let bytes = serde_json::to_vec(&letter).unwrap_or_default();
+    batch.appends.push((DEAD_LETTER_LOG.to_string(), bytes));
 }
 
 #[cfg(test)]

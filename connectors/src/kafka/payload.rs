@@ -1,0 +1,101 @@
+//! What the records look like on the topics: Confluent-framed Avro (the `schemas` crate) for the stage
+//! topics and the outputs topic, raw bytes for the dead-letter and state topics. The runtime hands the
+//! store JSON-encoded records (the embedded store keeps those); the Kafka store converts at its
+//! boundary, so the same processing code runs on both.
+//!
+//! An output's record id (the position that produced it, which consumers deduplicate on) is not part of
+//! the SPEC §6 output: it travels in the `paisa-record-id` header.
+
+use crate::runtime::{OutputRecord, RuntimeError, DEAD_LETTER_LOG, OUTPUTS_LOG};
+use pipelines::output::Output;
+use pipelines::partition::{RecordId, StageRecord};
+use schemas::convert::AvroRecord;
+
+/// The header carrying an output's record id (JSON `{"source","offset","index"}`).
+pub const RECORD_ID_HEADER: &str = "paisa-record-id";
+
+/// Headers of a dead letter: where the record came from and why it could not be processed.
+pub const DEAD_LETTER_HEADERS: [&str; 4] = ["source-topic", "source-partition", "source-offset", "error"];
+
+/// How one log's records are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    StageRecord,
+    Output,
+    Raw,
+}
+
+fn layout(log: &str) -> Layout {
+    match log {
+        OUTPUTS_LOG => Layout::Output,
+        DEAD_LETTER_LOG => Layout::Raw,
+        _ => Layout::StageRecord,
+    }
+}
+
+/// A record as produced to a topic: its value and headers.
+pub struct TopicRecord {
+    pub payload: Vec<u8>,
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+}
+
+fn encoding(error: impl std::fmt::Display) -> RuntimeError {
+    // The runtime encoded these records itself: failing to convert one is a bug, not bad input.
+    RuntimeError::Fatal(format!("encoding a record for Kafka: {error}"))
+}
+
+fn avro<T: AvroRecord>(value: &T) -> Result<Vec<u8>, RuntimeError> {
+    let definition = schemas::embedded(T::SCHEMA).map_err(encoding)?;
+    let avro = value.to_avro().map_err(encoding)?;
+    schemas::wire::encode(T::SCHEMA.static_id(), definition.schema(), T::SCHEMA.full_name(), avro).map_err(encoding)
+}
+
+/// Converts a record the runtime encoded (JSON) into what the log's topic holds.
+pub fn to_topic(log: &str, json: Vec<u8>) -> Result<TopicRecord, RuntimeError> {
+    match layout(log) {
+        Layout::Raw => Ok(TopicRecord { payload: json, headers: Vec::new() }),
+        Layout::StageRecord => {
+            let record: StageRecord = serde_json::from_slice(&json).map_err(encoding)?;
+            Ok(TopicRecord { payload: avro(&record)?, headers: Vec::new() })
+        }
+        Layout::Output => {
+            let record: OutputRecord = serde_json::from_slice(&json).map_err(encoding)?;
+            let id = serde_json::to_vec(&record.id).map_err(encoding)?;
+            Ok(TopicRecord { payload: avro(&record.output)?, headers: vec![(RECORD_ID_HEADER, id)] })
+        }
+    }
+}
+
+fn from_avro<T: AvroRecord>(payload: &[u8]) -> Result<T, String> {
+    let definition = schemas::embedded(T::SCHEMA).map_err(|error| error.to_string())?;
+    let (_, value) =
+        schemas::wire::decode(payload, |id| (id == T::SCHEMA.static_id()).then(|| definition.schema()), None)
+            .map_err(|error| error.to_string())?;
+    T::from_avro(value).map_err(|error| error.to_string())
+}
+
+/// Converts what a topic holds back into the runtime's encoding. A record that does not convert (a
+/// poison message another producer wrote) is handed over as it is: the runtime cannot decode it either
+/// and moves it to the dead-letter log.
+pub fn from_topic(log: &str, payload: Vec<u8>, record_id: Option<&[u8]>) -> Vec<u8> {
+    let converted = match layout(log) {
+        Layout::Raw => return payload,
+        Layout::StageRecord => {
+            from_avro::<StageRecord>(&payload).and_then(|record| serde_json::to_vec(&record).map_err(|e| e.to_string()))
+        }
+        Layout::Output => output_from_topic(&payload, record_id),
+    };
+    match converted {
+        Ok(json) => json,
+        Err(error) => {
+            tracing::warn!(log, %error, "a record on Kafka is not what this version writes");
+            payload
+        }
+    }
+}
+
+fn output_from_topic(payload: &[u8], record_id: Option<&[u8]>) -> Result<Vec<u8>, String> {
+    let output = from_avro::<Output>(payload)?;
+    let id: RecordId = serde_json::from_slice(record_id.ok_or("no record id header")?).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&OutputRecord { id, output }).map_err(|error| error.to_string())
+}
