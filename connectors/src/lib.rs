@@ -5,5 +5,6 @@
 pub mod embedded;
 pub mod kafka;
 pub mod runtime;
+pub mod scylla;
 pub mod statement;
 pub mod wallet_sim_http;
