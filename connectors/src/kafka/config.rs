@@ -19,6 +19,12 @@ pub struct KafkaConfig {
     /// the first (its next commit fails fatally), so two processes never both own the stages.
     #[serde(default = "default_transactional_id")]
     pub transactional_id: String,
+    /// Whether each commit is a Kafka transaction (records and offsets atomically). Off: the records are
+    /// produced by an idempotent producer and flushed, then the offsets committed, so a crash in between
+    /// processes records again and every consumer drops the repeated ids. For measurement and for
+    /// brokers without transactions; on by default.
+    #[serde(default = "default_transactions")]
+    pub transactions: bool,
     /// How long one Kafka call (a transaction commit, an offset lookup) may take before it fails as
     /// retryable.
     #[serde(default = "default_request_timeout_ms")]
@@ -33,6 +39,10 @@ fn default_transactional_id() -> String {
     "paisa-stages-0".to_string()
 }
 
+fn default_transactions() -> bool {
+    true
+}
+
 fn default_request_timeout_ms() -> u64 {
     10_000
 }
@@ -44,6 +54,7 @@ impl KafkaConfig {
             namespace: default_namespace(),
             partitions,
             transactional_id: default_transactional_id(),
+            transactions: default_transactions(),
             request_timeout_ms: default_request_timeout_ms(),
         }
     }

@@ -14,7 +14,7 @@
 use super::config::KafkaConfig;
 use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -105,15 +105,21 @@ impl KafkaStore {
     pub fn open(config: KafkaConfig) -> Result<KafkaStore, RuntimeError> {
         assert!(config.partitions > 0, "a stage needs at least one partition");
         let timeout = Duration::from_millis(config.request_timeout_ms);
-        let producer: BaseProducer = ClientConfig::new()
+        let mut producer_config = ClientConfig::new();
+        producer_config
             .set("bootstrap.servers", &config.bootstrap_servers)
-            .set("transactional.id", &config.transactional_id)
             .set("enable.idempotence", "true")
-            .set("transaction.timeout.ms", "60000")
-            .set("message.timeout.ms", config.request_timeout_ms.to_string())
-            .create()
-            .map_err(|error| kafka_error("creating the producer", &error))?;
-        producer.init_transactions(timeout).map_err(|error| kafka_error("initialising transactions", &error))?;
+            .set("linger.ms", "0")
+            .set("socket.nagle.disable", "true")
+            .set("message.timeout.ms", config.request_timeout_ms.to_string());
+        if config.transactions {
+            producer_config.set("transactional.id", &config.transactional_id).set("transaction.timeout.ms", "60000");
+        }
+        let producer: BaseProducer =
+            producer_config.create().map_err(|error| kafka_error("creating the producer", &error))?;
+        if config.transactions {
+            producer.init_transactions(timeout).map_err(|error| kafka_error("initialising transactions", &error))?;
+        }
         let group = consumer(&config, &config.group_id())?;
         let store = KafkaStore {
             producer: Mutex::new(producer),
@@ -197,6 +203,9 @@ impl KafkaStore {
     /// Produces `records` as (topic, partition, key, payload) and `offsets` in one transaction.
     fn transact(&self, records: &[Outgoing], offsets: &[(String, u64)]) -> Result<(), RuntimeError> {
         let producer = lock(&self.producer);
+        if !self.config.transactions {
+            return self.produce_then_commit(&producer, records, offsets);
+        }
         producer.begin_transaction().map_err(|error| kafka_error("beginning a transaction", &error))?;
         let result = self.fill_transaction(&producer, records, offsets).and_then(|()| {
             producer.commit_transaction(self.timeout()).map_err(|error| kafka_error("committing a transaction", &error))
@@ -212,12 +221,73 @@ impl KafkaStore {
         Ok(())
     }
 
+    /// Without transactions: the records (including the state topic's offset entries) are produced and
+    /// flushed, then the consumer group's offsets committed.
+    fn produce_then_commit(
+        &self,
+        producer: &BaseProducer,
+        records: &[Outgoing],
+        offsets: &[(String, u64)],
+    ) -> Result<(), RuntimeError> {
+        self.enqueue(producer, records)?;
+        self.wait_delivered(producer)?;
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let list = self.offset_list(offsets)?;
+        self.group.commit(&list, CommitMode::Sync).map_err(|error| kafka_error("committing offsets", &error))
+    }
+
+    /// Waits until every queued record is acknowledged. (rdkafka's `flush` polls in steps of 100 ms,
+    /// which would put 100 ms under every commit.)
+    fn wait_delivered(&self, producer: &BaseProducer) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.timeout();
+        loop {
+            producer.poll(Duration::ZERO);
+            if producer.in_flight_count() == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::Retryable("records not acknowledged in time".to_string()));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn offset_list(&self, offsets: &[(String, u64)]) -> Result<TopicPartitionList, RuntimeError> {
+        let mut list = TopicPartitionList::new();
+        for (consumer, next) in offsets {
+            let (topic, partition) = self.locate(consumer_log(consumer))?;
+            let next = i64::try_from(*next).map_err(fatal)?;
+            list.add_partition_offset(&topic, partition, Offset::Offset(next))
+                .map_err(|error| kafka_error("an offset", &error))?;
+        }
+        Ok(list)
+    }
+
     fn fill_transaction(
         &self,
         producer: &BaseProducer,
         records: &[Outgoing],
         offsets: &[(String, u64)],
     ) -> Result<(), RuntimeError> {
+        self.enqueue(producer, records)?;
+        self.wait_delivered(producer)?;
+        if !offsets.is_empty() {
+            let list = self.offset_list(offsets)?;
+            let metadata = self
+                .group
+                .group_metadata()
+                .ok_or_else(|| RuntimeError::Fatal("the consumer group has no metadata".to_string()))?;
+            producer
+                .send_offsets_to_transaction(&list, &metadata, self.timeout())
+                .map_err(|error| kafka_error("sending offsets to the transaction", &error))?;
+        }
+        Ok(())
+    }
+
+    /// Hands the records to the producer's queue, waiting (polling) while it is full.
+    fn enqueue(&self, producer: &BaseProducer, records: &[Outgoing]) -> Result<(), RuntimeError> {
         for outgoing in records {
             let mut headers = OwnedHeaders::new_with_capacity(outgoing.headers.len());
             for (key, value) in &outgoing.headers {
@@ -242,21 +312,6 @@ impl KafkaStore {
                     Err((error, _)) => return Err(kafka_error("producing a record", &error)),
                 }
             }
-        }
-        if !offsets.is_empty() {
-            let mut list = TopicPartitionList::new();
-            for (consumer, next) in offsets {
-                let (topic, partition) = self.locate(consumer_log(consumer))?;
-                list.add_partition_offset(&topic, partition, Offset::Offset(*next as i64))
-                    .map_err(|error| kafka_error("an offset", &error))?;
-            }
-            let metadata = self
-                .group
-                .group_metadata()
-                .ok_or_else(|| RuntimeError::Fatal("the consumer group has no metadata".to_string()))?;
-            producer
-                .send_offsets_to_transaction(&list, &metadata, self.timeout())
-                .map_err(|error| kafka_error("sending offsets to the transaction", &error))?;
         }
         Ok(())
     }
@@ -316,6 +371,9 @@ fn consumer(config: &KafkaConfig, group_id: &str) -> Result<BaseConsumer, Runtim
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
+        // A read waits for the records below the high watermark it learnt: the broker need not hold a
+        // fetch open waiting for more (the default holds it up to 500 ms).
+        .set("fetch.wait.max.ms", "5")
         .create()
         .map_err(|error| kafka_error("creating a consumer", &error))
 }
