@@ -63,6 +63,14 @@ enum Commands {
         /// in-process mock cluster (tests, trying the profile out: nothing survives the process).
         #[arg(long, required_if_eq("profile", "kafka"))]
         kafka_brokers: Option<String>,
+        /// With `--profile kafka`: the ScyllaDB node (`host:port`) of the read model the API reads from
+        /// (kept up to date by a projector); `memory` keeps the read model in the process (tests). Without
+        /// it the API reads the stages' state directly.
+        #[arg(long, requires = "kafka_brokers")]
+        scylla_uri: Option<String>,
+        /// The read model's keyspace.
+        #[arg(long, default_value = "paisa")]
+        keyspace: String,
         /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
@@ -107,9 +115,15 @@ enum AdminTask {
         /// Partitions of each stage topic (fixed for the life of the topics).
         #[arg(long, default_value_t = 2)]
         partitions: u32,
-        /// Replicas of each topic.
+        /// Replicas of each topic (and of the ScyllaDB keyspace, `SimpleStrategy`).
         #[arg(long, default_value_t = 1)]
         replication_factor: i32,
+        /// A ScyllaDB node (`host:port`): also creates the read model's keyspace and tables.
+        #[arg(long)]
+        scylla_uri: Option<String>,
+        /// The read model's keyspace.
+        #[arg(long, default_value = "paisa")]
+        keyspace: String,
     },
 }
 
@@ -141,6 +155,8 @@ fn main() -> ExitCode {
             data_dir,
             profile,
             kafka_brokers,
+            scylla_uri,
+            keyspace,
             listen,
             clock,
             statement_provider,
@@ -153,6 +169,8 @@ fn main() -> ExitCode {
                 data_dir,
                 profile,
                 kafka_brokers,
+                scylla_uri,
+                keyspace,
                 listen,
                 clock,
                 statement_provider,
@@ -166,15 +184,26 @@ fn main() -> ExitCode {
             install_tracing();
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
-        Commands::Admin { task: AdminTask::Init { kafka_brokers, partitions, replication_factor } } => {
+        Commands::Admin {
+            task: AdminTask::Init { kafka_brokers, partitions, replication_factor, scylla_uri, keyspace },
+        } => {
             install_tracing();
-            exit_on_error("paisa admin init", run_async(admin_init(kafka_brokers, partitions, replication_factor)))
+            let scylla = scylla_uri.map(|uri| (uri, keyspace));
+            exit_on_error(
+                "paisa admin init",
+                run_async(admin_init(kafka_brokers, partitions, replication_factor, scylla)),
+            )
         }
     }
 }
 
 /// `paisa admin init`: prints one line per topic (created or already there).
-async fn admin_init(brokers: String, partitions: u32, replication_factor: i32) -> anyhow::Result<()> {
+async fn admin_init(
+    brokers: String,
+    partitions: u32,
+    replication_factor: i32,
+    scylla: Option<(String, String)>,
+) -> anyhow::Result<()> {
     let config = connectors::kafka::KafkaConfig::new(brokers, partitions);
     for status in connectors::kafka::admin::init_topics(&config, replication_factor).await? {
         match status {
@@ -186,7 +215,27 @@ async fn admin_init(brokers: String, partitions: u32, replication_factor: i32) -
             }
         }
     }
+    if let Some((uri, keyspace)) = scylla {
+        let replicas = u32::try_from(replication_factor).context("--replication-factor")?;
+        let config = scylla_config(&uri, &keyspace, replicas);
+        tokio::task::spawn_blocking(move || connectors::scylla::ScyllaReadModel::init(&config)).await??;
+        println!("ready   ScyllaDB keyspace {keyspace} and its tables");
+    }
     Ok(())
+}
+
+fn scylla_config(uri: &str, keyspace: &str, replicas: u32) -> connectors::scylla::ScyllaConfig {
+    connectors::scylla::ScyllaConfig::new(uri, keyspace, connectors::scylla::Replication::Simple { replicas })
+}
+
+/// The read model of `--scylla-uri`: ScyllaDB, or (`memory`) one in this process.
+async fn read_model(uri: &str, keyspace: &str) -> anyhow::Result<Arc<dyn connectors::scylla::ReadModel>> {
+    if uri == "memory" {
+        return Ok(Arc::new(connectors::scylla::MemoryReadModel::new(connectors::scylla::PAGE_ITEMS_MAX)));
+    }
+    let config = scylla_config(uri, keyspace, 1);
+    let model = tokio::task::spawn_blocking(move || connectors::scylla::ScyllaReadModel::init(&config)).await??;
+    Ok(Arc::new(model))
 }
 
 fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {
@@ -228,6 +277,8 @@ struct ServeOptions {
     data_dir: Option<PathBuf>,
     profile: Profile,
     kafka_brokers: Option<String>,
+    scylla_uri: Option<String>,
+    keyspace: String,
     listen: SocketAddr,
     clock: Clock,
     statement_provider: Option<String>,
@@ -241,12 +292,13 @@ struct ServeOptions {
 async fn start_on_kafka(
     config: EmbeddedConfig,
     brokers: &str,
+    read_model: Option<Arc<dyn connectors::scylla::ReadModel>>,
 ) -> anyhow::Result<(Embedded, Option<connectors::kafka::MockCluster>)> {
     let mut kafka = connectors::kafka::KafkaConfig::new(brokers, config.partitions);
     let cluster = if brokers == "mock" { Some(connectors::kafka::start_mock_cluster(&mut kafka)?) } else { None };
     let embedded = tokio::task::spawn_blocking(move || -> anyhow::Result<Embedded> {
         let store = connectors::kafka::KafkaStore::open(kafka)?;
-        Ok(Embedded::start_on(config, Box::new(store))?)
+        Ok(Embedded::start_on(config, Box::new(store), read_model)?)
     })
     .await??;
     Ok((embedded, cluster))
@@ -279,11 +331,18 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         (None, true) => demo::demo_config()?,
         (path, _) => engine_config(path.as_deref())?,
     };
+    let mut read_model_in_use = None;
     let (embedded, _mock_cluster) = match options.profile {
         Profile::Embedded => (tokio::task::spawn_blocking(move || Embedded::start(config)).await??, None),
         Profile::Kafka => {
             let brokers = options.kafka_brokers.clone().context("--profile kafka needs --kafka-brokers")?;
-            start_on_kafka(config, &brokers).await?
+            let model = match &options.scylla_uri {
+                Some(uri) => Some(read_model(uri, &options.keyspace).await?),
+                None => None,
+            };
+            let (embedded, cluster) = start_on_kafka(config, &brokers, model.clone()).await?;
+            read_model_in_use = model;
+            (embedded, cluster)
         }
     };
     if options.demo && options.statement_provider.is_none() {
@@ -314,7 +373,12 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         ClockMode::System => http::ClockMode::System,
         ClockMode::Event => http::ClockMode::Event,
     };
-    let state = http::ApiState::new(Arc::new(embedded.clone()), api_clock, &admin_key, http::Limits::default());
+    // The API reads the read model when there is one (the Kafka + ScyllaDB profile), else the stages.
+    let pipeline: Arc<dyn connectors::runtime::PipelineHandle> = match read_model_in_use {
+        Some(model) => Arc::new(connectors::embedded::projector::ReadModelPipeline::new(embedded.clone(), model)),
+        None => Arc::new(embedded.clone()),
+    };
+    let state = http::ApiState::new(pipeline, api_clock, &admin_key, http::Limits::default());
     let listener = tokio::net::TcpListener::bind(options.listen).await.context("binding the listen address")?;
     let address = listener.local_addr()?;
     println!("paisa serve listening on http://{address}");

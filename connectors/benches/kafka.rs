@@ -23,7 +23,7 @@ fn run(transactions: bool, inputs: &[pipelines::Input], partitions: u32) -> (usi
     let mut config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
     config.partitions = partitions;
     let store = KafkaStore::open(kafka).expect("the store opens");
-    let pipeline = Embedded::start_on(config, Box::new(store)).expect("the pipeline starts");
+    let pipeline = Embedded::start_on(config, Box::new(store), None).expect("the pipeline starts");
     let started = Instant::now();
     for bulk in inputs.chunks(1_000) {
         pipeline.append(bulk.to_vec()).expect("appended");

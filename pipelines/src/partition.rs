@@ -49,6 +49,15 @@ pub fn partition_of(key: &str, partitions: u32) -> u32 {
     crc32fast::hash(key.as_bytes()) % partitions
 }
 
+/// The key a timer belongs to (none for the simulated provider's, which no partition runs).
+pub fn timer_key(timer: &Timer) -> Option<&str> {
+    match timer {
+        Timer::Order { order_id, .. } => Some(order_id),
+        Timer::Agent { user_id, .. } => Some(user_id),
+        Timer::Provider(_) => None,
+    }
+}
+
 /// The stage and key a message is addressed to.
 pub fn destination(message: &Message) -> (StageKind, &str) {
     match message {
@@ -159,6 +168,9 @@ pub enum RecordBody {
 pub struct Produced {
     pub messages: Vec<(Timestamp, Message)>,
     pub outputs: Vec<Output>,
+    /// Keys of this partition whose state a message or timer may have changed, in handling order (with
+    /// repeats): what a read model must project again.
+    pub touched: Vec<String>,
 }
 
 impl Produced {
@@ -169,6 +181,7 @@ impl Produced {
     pub fn clear(&mut self) {
         self.messages.clear();
         self.outputs.clear();
+        self.touched.clear();
     }
 }
 
@@ -338,8 +351,16 @@ impl StagePartition {
             assert!(processed <= LOCAL_EVENTS_MAX, "livelock: one record caused {LOCAL_EVENTS_MAX} events");
             self.effects.now = now;
             match work {
-                Work::Message(message) => self.deliver(message),
-                Work::Timer(timer) => self.fire(timer),
+                Work::Message(message) => {
+                    produced.touched.push(destination(&message).1.to_string());
+                    self.deliver(message)
+                }
+                Work::Timer(timer) => {
+                    if let Some(key) = timer_key(&timer) {
+                        produced.touched.push(key.to_string());
+                    }
+                    self.fire(timer)
+                }
             }
             produced.outputs.append(&mut self.effects.outputs);
             for message in self.effects.messages.drain(..) {

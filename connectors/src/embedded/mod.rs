@@ -8,6 +8,7 @@
 //! offset ([`crate::runtime::restore`]); the stages are deterministic, so it comes back byte for byte.
 
 pub mod connector_loop;
+pub mod projector;
 mod reads;
 pub mod store;
 
@@ -103,6 +104,8 @@ pub(crate) struct Inner {
     ingested_at_max_ms: AtomicI64,
     /// Whether a statement connector consumes the outputs log (it counts in the lag only then).
     pub(crate) connector_attached: AtomicBool,
+    /// Keeps a read model up to date (the Kafka + ScyllaDB profile), when one is attached.
+    pub(crate) projector: Option<Arc<projector::Projector>>,
 }
 
 /// A running embedded pipeline.
@@ -117,12 +120,17 @@ impl Embedded {
     /// threads and the ticker.
     pub fn start(config: EmbeddedConfig) -> Result<Embedded, RuntimeError> {
         let store = RedbStore::open(&config.data_dir)?;
-        Embedded::start_on(config, Box::new(store))
+        Embedded::start_on(config, Box::new(store), None)
     }
 
     /// Runs the pipeline on any [`Store`]: the embedded one, or Kafka's (`crate::kafka`), whose data
-    /// directory setting is then unused.
-    pub fn start_on(config: EmbeddedConfig, store: Box<dyn Store>) -> Result<Embedded, RuntimeError> {
+    /// directory setting is then unused. With a read model, a projector thread keeps it equal to the
+    /// stages' state ([`projector`]); it starts by projecting every key.
+    pub fn start_on(
+        config: EmbeddedConfig,
+        store: Box<dyn Store>,
+        read_model: Option<Arc<dyn crate::scylla::ReadModel>>,
+    ) -> Result<Embedded, RuntimeError> {
         if config.partitions == 0 || config.partitions > PARTITIONS_MAX {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
@@ -165,7 +173,11 @@ impl Embedded {
             failure: Mutex::new(None),
             ingested_at_max_ms: AtomicI64::new(ingested_at_max_ms),
             connector_attached: AtomicBool::new(false),
+            projector: read_model.map(|model| Arc::new(projector::Projector::new(model))),
         });
+        if let Some(projector) = &inner.projector {
+            projector.mark_all(&inner);
+        }
         let embedded = Embedded { inner, threads: Arc::new(Mutex::new(Vec::new())) };
         embedded.spawn_threads()?;
         embedded.inner.ready.store(true, Ordering::SeqCst);
@@ -184,6 +196,21 @@ impl Embedded {
                 .name(name.clone())
                 .spawn(move || stop_on_panic(&inner, &name, || run_worker(&inner, &owned, &doorbell)))
                 .map_err(|error| RuntimeError::Fatal(format!("spawning a processing thread: {error}")))?;
+            threads.push(thread);
+        }
+        if let Some(projector) = self.inner.projector.clone() {
+            let inner = Arc::clone(&self.inner);
+            let thread = std::thread::Builder::new()
+                .name("projector".to_string())
+                .spawn(move || {
+                    stop_on_panic(&inner, "projector", || {
+                        if let Err(error) = projector.run(&inner) {
+                            tracing::error!(%error, "the projector stopped");
+                            fail(&inner, format!("projector: {error}"));
+                        }
+                    })
+                })
+                .map_err(|error| RuntimeError::Fatal(format!("spawning the projector: {error}")))?;
             threads.push(thread);
         }
         let inner = Arc::clone(&self.inner);
@@ -215,6 +242,9 @@ impl Embedded {
         self.inner.stopping.store(true, Ordering::SeqCst);
         for doorbell in self.inner.doorbells.values() {
             doorbell.ring();
+        }
+        if let Some(projector) = &self.inner.projector {
+            projector.doorbell.ring();
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         for thread in threads {
@@ -333,8 +363,12 @@ fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)])
         .map_err(|error| RuntimeError::Fatal(format!("{log}: {error}")))?;
     }
     if consumed > 0 {
+        let touched = std::mem::take(&mut batch.touched);
         let appended = commit_applied(inner.store.as_ref(), batch)?;
         ring(inner, &appended);
+        if let Some(projector) = &inner.projector {
+            projector.mark(touched);
+        }
     }
     Ok(consumed)
 }

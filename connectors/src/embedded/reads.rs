@@ -134,7 +134,7 @@ pub(super) fn user_bill_table(inner: &Inner, user_id: &str, cursor: Option<&str>
     Some(Page { items, next_cursor })
 }
 
-fn bill_item(agent: &Agent, card_id: &str, bill_line: &pipelines::stages::agent::state::BillLine) -> Value {
+pub(super) fn bill_item(agent: &Agent, card_id: &str, bill_line: &pipelines::stages::agent::state::BillLine) -> Value {
     let line = &bill_line.line;
     let matched_to =
         bill_line.used_by.and_then(|index| agent.subs.get(index)).map(|sub| format!("{}:{}", sub.order_id, sub.seq));
@@ -185,12 +185,7 @@ pub(super) fn review_queue(inner: &Inner, cursor: Option<&str>, limit: usize) ->
         let Some(stage) = agents(guard) else { continue };
         for agent in stage.agents.values() {
             for sub in agent.subs.iter().filter(|sub| sub.state == SubState::Reviewing) {
-                let item = json!({
-                    "order_id": sub.order_id, "seq": sub.seq, "user_id": agent.user_id, "card_id": sub.card_id,
-                    "kind": sub.kind, "amount": sub.amount, "flags": sub.flags, "paid_total": sub.paid_total,
-                    "matched_txn_ids": sub.matched_txn_ids,
-                });
-                waiting.insert((sub.order_id.clone(), sub.seq), item);
+                waiting.insert((sub.order_id.clone(), sub.seq), review_item(agent, sub));
             }
         }
     }
@@ -205,6 +200,24 @@ pub(super) fn review_queue(inner: &Inner, cursor: Option<&str>, limit: usize) ->
     selected.truncate(limit);
     let next_cursor = if more { selected.last().map(|((order_id, seq), _)| format!("{order_id}:{seq}")) } else { None };
     Page { items: selected.into_iter().map(|(_, item)| item).collect(), next_cursor }
+}
+
+/// A sub-order waiting for an operator, as the review queue shows it.
+pub(super) fn review_item(agent: &Agent, sub: &pipelines::stages::agent::state::SubOrder) -> Value {
+    json!({
+        "order_id": sub.order_id, "seq": sub.seq, "user_id": agent.user_id, "card_id": sub.card_id,
+        "kind": sub.kind, "amount": sub.amount, "flags": sub.flags, "paid_total": sub.paid_total,
+        "matched_txn_ids": sub.matched_txn_ids,
+    })
+}
+
+/// Calls `visit` with an agent's state under its partition's read lock.
+pub(super) fn with_agent(inner: &Inner, user_id: &str, visit: impl FnOnce(&Agent)) {
+    if let Some(agent_guard) = guard(inner, StageKind::Agent, user_id) {
+        if let Some(agent) = agents(&agent_guard).and_then(|stage| stage.agents.get(user_id)) {
+            visit(agent);
+        }
+    }
 }
 
 pub(super) fn card_owner(inner: &Inner, card_id: &str) -> Option<String> {
@@ -274,5 +287,7 @@ pub(super) fn lag(inner: &Inner) -> u64 {
     }
     // An unreadable store is not quiescent.
     let backlog = inner.store.backlog(&pairs).unwrap_or(u64::MAX);
-    backlog.saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner)))
+    // Keys committed but not yet in the read model count too: a client that saw lag 0 reads them there.
+    let unprojected = inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64);
+    backlog.saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner))).saturating_add(unprojected)
 }

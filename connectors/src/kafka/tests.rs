@@ -62,7 +62,7 @@ fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     let (config, _cluster) = mock(2);
     let store = KafkaStore::open(config.clone()).expect("the store opens");
     let appends = vec![("agent-1".to_string(), tick("ingest", 1)), ("outputs".to_string(), output("agent-1", 7))];
-    store.commit(WriteBatch { appends, offsets: Vec::new() }).expect("committed");
+    store.commit(WriteBatch { appends, offsets: Vec::new(), ..WriteBatch::default() }).expect("committed");
     // Avro on the topics; the runtime's own encoding back from the store (an output's record id
     // travels in a header).
     assert_eq!(read_all(&store, "agent-1"), vec![(0, tick("ingest", 1))]);
@@ -74,7 +74,7 @@ fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     assert_eq!(record_id.as_deref(), Some(&br#"{"source":"agent-1","offset":7,"index":0}"#[..]));
     let offsets = vec![("agent-1".to_string(), 1), (crate::runtime::CONNECTOR_CONSUMER.to_string(), 1)];
     let appends = vec![("merchant-0".to_string(), tick("order-0", 3))];
-    store.commit(WriteBatch { appends, offsets }).expect("committed");
+    store.commit(WriteBatch { appends, offsets, ..WriteBatch::default() }).expect("committed");
     store.put(KeyValueTable::Meta, "partitions", "2").expect("put");
     drop(store);
     // A new instance (same transactional id: it fences the old one) reads its offsets from the
@@ -146,7 +146,9 @@ fn a_transaction_aborted_mid_batch_commits_nothing_and_the_retry_emits_once() {
     let store = KafkaStore::open(config.clone()).expect("the store opens");
     let log = stage_log(StageKind::Agent, 0);
     let record = crate::runtime::encode(&rejected_recharge()).expect("encodes");
-    store.commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new() }).expect("appended");
+    store
+        .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+        .expect("appended");
     // The records of the batch are produced, then adding its offsets to the transaction is refused:
     // the transaction must be aborted.
     cluster.request_errors(
@@ -205,7 +207,7 @@ fn the_pipeline_on_kafka_restarts_from_its_topics_with_the_same_state() {
     let config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
     let start = || {
         let store = KafkaStore::open(kafka.clone()).expect("the store opens");
-        crate::embedded::Embedded::start_on(config.clone(), Box::new(store)).expect("the pipeline starts")
+        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), None).expect("the pipeline starts")
     };
     let pipeline = start();
     let inputs = scenario_inputs();
@@ -300,7 +302,9 @@ fn a_poison_record_goes_to_the_dead_letter_topic_with_its_origin_and_the_partiti
     produce_poison(&config);
     let log = stage_log(StageKind::Agent, 0);
     let record = crate::runtime::encode(&rejected_recharge()).expect("encodes");
-    store.commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new() }).expect("appended");
+    store
+        .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+        .expect("appended");
     let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
     let mut consumed = 0;
     while consumed < 2 {

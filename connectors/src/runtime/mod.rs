@@ -172,6 +172,9 @@ pub struct WriteBatch {
     pub appends: Vec<(String, Vec<u8>)>,
     /// Consumer offsets to set, as (consumer, next offset to consume).
     pub offsets: Vec<(String, u64)>,
+    /// Keys whose state the batch may have changed (not stored: what a read model projects again once
+    /// the batch is committed).
+    pub touched: Vec<(pipelines::partition::StageKind, String)>,
 }
 
 /// The log a stage partition consumes.
@@ -278,6 +281,7 @@ pub fn apply_batch<S: Store + ?Sized>(
             match record {
                 Ok(record) => {
                     state.apply(record, &mut produced);
+                    batch.touched.extend(produced.touched.drain(..).map(|key| (kind, key)));
                     encode_produced(&log, offset, &mut produced, partitions, batch)?;
                 }
                 Err(error) => dead_letter(&log, offset, bytes_at(chunk, offset), &error.to_string(), batch),
@@ -481,7 +485,9 @@ mod tests {
         };
         let log = stage_log(StageKind::Agent, 0);
         let record = encode(&rejected_recharge()).expect("encodes");
-        store.commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new() }).expect("appended");
+        store
+            .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+            .expect("appended");
         let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
         store.fail_next_commit.store(true, Ordering::SeqCst);
         let error = process_batch(&store, &partition, 1, 16).expect_err("the commit fails");

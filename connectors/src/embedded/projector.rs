@@ -1,0 +1,399 @@
+//! The projector: keeps a [`ReadModel`] (ScyllaDB in the Kafka profile) equal to the stage partitions'
+//! state. Processing threads mark the keys a committed batch touched; the projector thread writes their
+//! views again, each with one version for the whole projection: the sum of the stage logs' committed
+//! offsets when it began. That sum only grows (offsets never move back, across restarts too), so a view
+//! written later never loses to an older one, and a projection repeated after a restart writes the same
+//! version with the same content (the stages are deterministic).
+//!
+//! An agent's views are the costly ones (journal, bill table, sub-orders): the projector remembers what
+//! it wrote (journal heads, a fingerprint per bill line and per sub-order) and writes what changed. A
+//! sub-order that changed makes its order's view stale too (it shows the sub-orders' timelines).
+
+use super::reads;
+use super::{Doorbell, Inner};
+use crate::runtime::{stage_log, RuntimeError};
+use crate::scylla::{BillLineKey, ReadModel, Write};
+use pipelines::partition::StageKind;
+use pipelines::stages::agent::state::{Agent, SubOrder, SubState};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Keys projected per read-model write (bounds one write batch; the rest follow in the next ones).
+const KEYS_PER_PROJECTION_MAX: usize = 512;
+/// Journal entries per write.
+const JOURNAL_ENTRIES_PER_WRITE_MAX: usize = 1_000;
+/// How long the projector waits after a retryable read-model failure.
+const RETRY_BACKOFF_MS: u64 = 500;
+
+/// What the projector last wrote, to write only what changed.
+#[derive(Default)]
+struct Written {
+    user_journal_seq: HashMap<String, u64>,
+    merchant_journal_seq: HashMap<String, u64>,
+    /// Per agent: bill line key → fingerprint of the item written.
+    bill_lines: HashMap<String, BTreeMap<BillLineKey, u64>>,
+    /// (order id, seq) → fingerprint of the sub-order.
+    sub_orders: HashMap<(String, u32), u64>,
+    /// Per agent: sub-orders written to the review queue.
+    reviewing: HashMap<String, BTreeSet<(String, u32)>>,
+    card_owners: BTreeSet<String>,
+}
+
+pub struct Projector {
+    model: std::sync::Arc<dyn ReadModel>,
+    touched: Mutex<BTreeSet<(StageKind, String)>>,
+    pub(super) doorbell: Doorbell,
+    written: Mutex<Written>,
+    /// Keys taken for the projection being written (they count as pending until it is).
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+fn fingerprint(value: &impl Hash) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Projector {
+    pub fn new(model: std::sync::Arc<dyn ReadModel>) -> Projector {
+        Projector {
+            model,
+            touched: Mutex::new(BTreeSet::new()),
+            doorbell: Doorbell::default(),
+            written: Mutex::new(Written::default()),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    pub fn model(&self) -> &std::sync::Arc<dyn ReadModel> {
+        &self.model
+    }
+
+    /// Keys a committed batch touched.
+    pub(super) fn mark(&self, keys: impl IntoIterator<Item = (StageKind, String)>) {
+        let mut touched = lock(&self.touched);
+        let before = touched.len();
+        touched.extend(keys);
+        if touched.len() > before {
+            drop(touched);
+            self.doorbell.ring();
+        }
+    }
+
+    /// Every key in the partitions' state (at start: the read model may be behind).
+    pub(super) fn mark_all(&self, inner: &Inner) {
+        let mut keys = Vec::new();
+        for lock in inner.partitions.values() {
+            let partition = crate::runtime::read_lock(lock);
+            match partition.state() {
+                pipelines::partition::StageState::Order(stage) => {
+                    keys.extend(stage.orders.keys().map(|key| (StageKind::Order, key.clone())))
+                }
+                pipelines::partition::StageState::Agent(stage) => {
+                    keys.extend(stage.agents.keys().map(|key| (StageKind::Agent, key.clone())))
+                }
+                pipelines::partition::StageState::Merchant(stage) => {
+                    keys.extend(stage.merchants.keys().map(|key| (StageKind::Merchant, key.clone())))
+                }
+            }
+        }
+        self.mark(keys);
+    }
+
+    /// Keys marked and not yet projected (0: the read model shows every committed batch).
+    pub fn pending(&self) -> usize {
+        let touched = lock(&self.touched);
+        touched.len() + self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The projector thread: projects what was marked until the pipeline stops.
+    pub(super) fn run(&self, inner: &Inner) -> Result<(), RuntimeError> {
+        while !inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            let keys: Vec<(StageKind, String)> = {
+                let mut touched = lock(&self.touched);
+                let taken: Vec<_> = touched.iter().take(KEYS_PER_PROJECTION_MAX).cloned().collect();
+                for key in &taken {
+                    touched.remove(key);
+                }
+                self.in_flight.store(taken.len(), std::sync::atomic::Ordering::SeqCst);
+                taken
+            };
+            if keys.is_empty() {
+                self.doorbell.wait(Duration::from_millis(100));
+                continue;
+            }
+            let result = self.project(inner, &keys);
+            if let Err(error) = &result {
+                if error.is_retryable() {
+                    tracing::warn!(%error, "read model write failed; retrying");
+                    self.mark(keys);
+                }
+            }
+            self.in_flight.store(0, std::sync::atomic::Ordering::SeqCst);
+            match result {
+                Ok(()) => {}
+                Err(error) if error.is_retryable() => std::thread::sleep(Duration::from_millis(RETRY_BACKOFF_MS)),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// The version of a projection starting now (see the module's comment).
+    fn version(inner: &Inner) -> Result<u64, RuntimeError> {
+        let mut sum = 1u64;
+        for &(kind, partition) in inner.partitions.keys() {
+            sum = sum.saturating_add(inner.store.committed(&stage_log(kind, partition))?);
+        }
+        Ok(sum)
+    }
+
+    fn project(&self, inner: &Inner, keys: &[(StageKind, String)]) -> Result<(), RuntimeError> {
+        let version = Self::version(inner)?;
+        let mut writes = Vec::new();
+        let mut orders: BTreeSet<String> = BTreeSet::new();
+        let mut written = lock(&self.written);
+        for (kind, key) in keys {
+            match kind {
+                StageKind::Order => {
+                    orders.insert(key.clone());
+                }
+                StageKind::Merchant => self.merchant_writes(inner, key, version, &mut written, &mut writes),
+                StageKind::Agent => self.agent_writes(inner, key, version, &mut written, &mut writes, &mut orders),
+            }
+        }
+        for order_id in orders {
+            let (Some(view), Some(merchant_id)) =
+                (reads::order(inner, &order_id), reads::order_merchant(inner, &order_id))
+            else {
+                continue; // not shown yet (a creation the merchant stage has not accepted)
+            };
+            writes.push(Write::Order { order_id, merchant_id, version, view });
+        }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.model.write(writes).map_err(RuntimeError::from)
+    }
+
+    fn merchant_writes(
+        &self,
+        inner: &Inner,
+        merchant_id: &str,
+        version: u64,
+        written: &mut Written,
+        writes: &mut Vec<Write>,
+    ) {
+        let Some(view) = reads::merchant(inner, merchant_id) else { return };
+        writes.push(Write::Merchant { merchant_id: merchant_id.to_string(), version, view });
+        let after = written.merchant_journal_seq.get(merchant_id).copied().unwrap_or(0);
+        if let Some(page) = reads::merchant_journal(inner, merchant_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX) {
+            if let Some(entries) = journal_entries(page.items) {
+                written.merchant_journal_seq.insert(merchant_id.to_string(), entries.last().map_or(after, |e| e.0));
+                writes.push(Write::MerchantJournal { merchant_id: merchant_id.to_string(), entries });
+                if page.next_cursor.is_some() {
+                    self.mark([(StageKind::Merchant, merchant_id.to_string())]);
+                }
+            }
+        }
+    }
+
+    fn agent_writes(
+        &self,
+        inner: &Inner,
+        user_id: &str,
+        version: u64,
+        written: &mut Written,
+        writes: &mut Vec<Write>,
+        orders: &mut BTreeSet<String>,
+    ) {
+        let Some(view) = reads::user(inner, user_id) else { return };
+        writes.push(Write::User { user_id: user_id.to_string(), version, view });
+        let after = written.user_journal_seq.get(user_id).copied().unwrap_or(0);
+        if let Some(page) = reads::user_journal(inner, user_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX) {
+            if let Some(entries) = journal_entries(page.items) {
+                written.user_journal_seq.insert(user_id.to_string(), entries.last().map_or(after, |e| e.0));
+                writes.push(Write::UserJournal { user_id: user_id.to_string(), entries });
+                if page.next_cursor.is_some() {
+                    self.mark([(StageKind::Agent, user_id.to_string())]);
+                }
+            }
+        }
+        reads::with_agent(inner, user_id, |agent| {
+            bill_writes(agent, version, written, writes);
+            sub_order_writes(agent, version, written, writes, orders);
+            for card_id in agent.cards.keys() {
+                if written.card_owners.insert(card_id.clone()) {
+                    writes.push(Write::CardOwner { card_id: card_id.clone(), user_id: user_id.to_string(), version });
+                }
+            }
+        });
+    }
+}
+
+/// Journal items as (seq, entry); None when there are none.
+fn journal_entries(items: Vec<Value>) -> Option<Vec<(u64, Value)>> {
+    let entries: Vec<(u64, Value)> =
+        items.into_iter().filter_map(|item| item["seq"].as_u64().map(|seq| (seq, item))).collect();
+    (!entries.is_empty()).then_some(entries)
+}
+
+/// Bill lines whose item changed, and removals of lines no longer in the table.
+fn bill_writes(agent: &Agent, version: u64, written: &mut Written, writes: &mut Vec<Write>) {
+    let before = written.bill_lines.remove(&agent.user_id).unwrap_or_default();
+    let mut now = BTreeMap::new();
+    for (card_id, card) in &agent.cards {
+        for bill_line in card.bill.lines_after(None) {
+            let item = reads::bill_item(agent, card_id, bill_line);
+            let key = BillLineKey {
+                user_id: agent.user_id.clone(),
+                card_id: card_id.clone(),
+                time_ms: bill_line.line.time.millis(),
+                txn_id: bill_line.line.txn_id.clone(),
+            };
+            let print = fingerprint(&item.to_string());
+            if before.get(&key) != Some(&print) {
+                writes.push(Write::BillLine { key: key.clone(), version, view: Some(item) });
+            }
+            now.insert(key, print);
+        }
+    }
+    for key in before.into_keys().filter(|key| !now.contains_key(key)) {
+        writes.push(Write::BillLine { key, version, view: None });
+    }
+    written.bill_lines.insert(agent.user_id.clone(), now);
+}
+
+/// Orders whose sub-orders changed, and the review queue entries of this agent.
+fn sub_order_writes(
+    agent: &Agent,
+    version: u64,
+    written: &mut Written,
+    writes: &mut Vec<Write>,
+    orders: &mut BTreeSet<String>,
+) {
+    let mut reviewing = BTreeSet::new();
+    for sub in &agent.subs {
+        let print = fingerprint(&format!("{sub:?}"));
+        let key = (sub.order_id.clone(), sub.seq);
+        if written.sub_orders.get(&key) != Some(&print) {
+            orders.insert(sub.order_id.clone());
+            written.sub_orders.insert(key.clone(), print);
+        }
+        if sub.state == SubState::Reviewing {
+            writes.push(Write::Review {
+                order_id: key.0.clone(),
+                seq: key.1,
+                version,
+                view: Some(review_item(agent, sub)),
+            });
+            reviewing.insert(key);
+        }
+    }
+    let before = written.reviewing.remove(&agent.user_id).unwrap_or_default();
+    for (order_id, seq) in before.difference(&reviewing) {
+        writes.push(Write::Review { order_id: order_id.clone(), seq: *seq, version, view: None });
+    }
+    written.reviewing.insert(agent.user_id.clone(), reviewing);
+}
+
+fn review_item(agent: &Agent, sub: &SubOrder) -> Value {
+    reads::review_item(agent, sub)
+}
+
+/// The API's view of a pipeline whose reads come from its read model (the Kafka + ScyllaDB profile):
+/// orders, balances, journals, bill tables and the review queue are read from the model; writes,
+/// authorisation lookups of ids still in flight, the lag and the SPEC §9 snapshot from the pipeline.
+#[derive(Clone)]
+pub struct ReadModelPipeline {
+    pipeline: super::Embedded,
+    model: std::sync::Arc<dyn ReadModel>,
+}
+
+impl ReadModelPipeline {
+    pub fn new(pipeline: super::Embedded, model: std::sync::Arc<dyn ReadModel>) -> ReadModelPipeline {
+        ReadModelPipeline { pipeline, model }
+    }
+}
+
+/// A read-model failure answers as "not found" (the API's reads return options); it is logged.
+fn logged<T>(what: &str, result: Result<T, crate::scylla::ReadModelError>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) => {
+            tracing::error!(%error, what, "read model read failed");
+            None
+        }
+    }
+}
+
+impl crate::runtime::PipelineHandle for ReadModelPipeline {
+    fn append(&self, inputs: Vec<pipelines::Input>) -> Result<Vec<crate::runtime::Appended>, RuntimeError> {
+        self.pipeline.append(inputs)
+    }
+    fn event_position(&self, event_id: &str) -> Option<u64> {
+        self.pipeline.event_position(event_id)
+    }
+    fn order(&self, order_id: &str) -> Option<Value> {
+        logged("order", self.model.order(order_id)).flatten().map(|row| row.view)
+    }
+    fn order_merchant(&self, order_id: &str) -> Option<String> {
+        logged("order", self.model.order(order_id))
+            .flatten()
+            .map(|row| row.merchant_id)
+            .or_else(|| self.pipeline.order_merchant(order_id))
+    }
+    fn user_exists(&self, user_id: &str) -> bool {
+        self.pipeline.user_exists(user_id)
+    }
+    fn merchant_exists(&self, merchant_id: &str) -> bool {
+        self.pipeline.merchant_exists(merchant_id)
+    }
+    fn user(&self, user_id: &str) -> Option<Value> {
+        logged("user", self.model.user(user_id)).flatten().map(|row| row.view)
+    }
+    fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Option<crate::runtime::Page> {
+        self.user(user_id)?;
+        logged("user journal", self.model.user_journal(user_id, after_seq, limit))
+    }
+    fn user_bill_table(&self, user_id: &str, cursor: Option<&str>, limit: usize) -> Option<crate::runtime::Page> {
+        self.user(user_id)?;
+        logged("bill table", self.model.bill_table(user_id, cursor, limit))
+    }
+    fn merchant(&self, merchant_id: &str) -> Option<Value> {
+        logged("merchant", self.model.merchant(merchant_id)).flatten().map(|row| row.view)
+    }
+    fn merchant_journal(&self, merchant_id: &str, after_seq: u64, limit: usize) -> Option<crate::runtime::Page> {
+        self.merchant(merchant_id)?;
+        logged("merchant journal", self.model.merchant_journal(merchant_id, after_seq, limit))
+    }
+    fn review_queue(&self, cursor: Option<&str>, limit: usize) -> crate::runtime::Page {
+        logged("review queue", self.model.review_queue(cursor, limit))
+            .unwrap_or(crate::runtime::Page { items: Vec::new(), next_cursor: None })
+    }
+    fn card_owner(&self, card_id: &str) -> Option<String> {
+        logged("card owner", self.model.card_owner(card_id)).flatten().or_else(|| self.pipeline.card_owner(card_id))
+    }
+    fn snapshot(&self) -> Value {
+        self.pipeline.snapshot()
+    }
+    fn lag(&self) -> u64 {
+        self.pipeline.lag()
+    }
+    fn ready(&self) -> bool {
+        self.pipeline.ready()
+    }
+    fn put_merchant_key(&self, key_sha256_hex: &str, merchant_id: &str) -> Result<(), RuntimeError> {
+        self.pipeline.put_merchant_key(key_sha256_hex, merchant_id)
+    }
+    fn merchant_of_key(&self, key_sha256_hex: &str) -> Option<String> {
+        self.pipeline.merchant_of_key(key_sha256_hex)
+    }
+}
