@@ -97,6 +97,32 @@ enum Commands {
         #[arg(long, value_enum, default_value = "system")]
         clock: Clock,
     },
+    /// Rebuilds the read model from the Kafka topics into a fresh ScyllaDB keyspace and compares it with
+    /// the live one (exit 0: equal; 1: differences, listed). Processes and commits nothing: it runs
+    /// beside a live instance.
+    Reprocess {
+        /// Rebuild from the beginning of the topics (the only mode).
+        #[arg(long, required = true)]
+        from_beginning: bool,
+        /// Kafka bootstrap servers (`host:port,…`).
+        #[arg(long)]
+        kafka_brokers: String,
+        /// Partitions of each stage topic (as the live instance runs with).
+        #[arg(long, default_value_t = 2)]
+        partitions: u32,
+        /// The SPEC §8 settings file the live instance runs with.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The ScyllaDB node (`host:port`).
+        #[arg(long)]
+        scylla_uri: String,
+        /// The live read model's keyspace.
+        #[arg(long, default_value = "paisa")]
+        keyspace: String,
+        /// The keyspace to rebuild into (created; it should be new).
+        #[arg(long)]
+        into_keyspace: String,
+    },
     /// Operator tasks of the Kafka profile.
     Admin {
         #[command(subcommand)]
@@ -184,6 +210,26 @@ fn main() -> ExitCode {
             install_tracing();
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
+        Commands::Reprocess {
+            from_beginning: _,
+            kafka_brokers,
+            partitions,
+            config,
+            scylla_uri,
+            keyspace,
+            into_keyspace,
+        } => {
+            install_tracing();
+            let options = ReprocessOptions { kafka_brokers, partitions, config, scylla_uri, keyspace, into_keyspace };
+            match run_async(reprocess(options)) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(error) => {
+                    eprintln!("paisa reprocess: {error:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Commands::Admin {
             task: AdminTask::Init { kafka_brokers, partitions, replication_factor, scylla_uri, keyspace },
         } => {
@@ -224,6 +270,46 @@ async fn admin_init(
     Ok(())
 }
 
+struct ReprocessOptions {
+    kafka_brokers: String,
+    partitions: u32,
+    config: Option<PathBuf>,
+    scylla_uri: String,
+    keyspace: String,
+    into_keyspace: String,
+}
+
+/// `paisa reprocess --from-beginning`: true when the rebuild equals the live read model.
+async fn reprocess(options: ReprocessOptions) -> anyhow::Result<bool> {
+    let mut kafka = connectors::kafka::KafkaConfig::new(options.kafka_brokers.clone(), options.partitions);
+    // Reads only: no transactions, and a transactional id of its own, so the live instance is not fenced.
+    kafka.transactions = false;
+    kafka.transactional_id = "paisa-reprocess".to_string();
+    let directory = std::env::temp_dir().join(format!("paisa-reprocess-{}", std::process::id()));
+    let mut config = EmbeddedConfig::new(directory, ClockMode::Event);
+    config.partitions = options.partitions;
+    config.engine = engine_config(options.config.as_deref())?;
+    let live = read_model(&options.scylla_uri, &options.keyspace).await?;
+    let fresh = read_model(&options.scylla_uri, &options.into_keyspace).await?;
+    let comparison = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let store = connectors::kafka::KafkaStore::open(kafka)?;
+        let rebuilt = connectors::embedded::reprocess::rebuild(config, Box::new(store), Arc::clone(&fresh))?;
+        Ok(connectors::embedded::reprocess::compare(&rebuilt, fresh.as_ref(), live.as_ref())?)
+    })
+    .await??;
+    println!(
+        "rebuilt into {}: {} rows equal, {} moved on since, {} different",
+        options.into_keyspace,
+        comparison.equal,
+        comparison.moved_on,
+        comparison.differences.len()
+    );
+    for difference in &comparison.differences {
+        println!("differs: {difference}");
+    }
+    Ok(comparison.differences.is_empty())
+}
+
 fn scylla_config(uri: &str, keyspace: &str, replicas: u32) -> connectors::scylla::ScyllaConfig {
     connectors::scylla::ScyllaConfig::new(uri, keyspace, connectors::scylla::Replication::Simple { replicas })
 }
@@ -248,7 +334,7 @@ fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-fn run_async(future: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+fn run_async<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?.block_on(future)
 }
 

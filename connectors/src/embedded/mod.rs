@@ -10,6 +10,7 @@
 pub mod connector_loop;
 pub mod projector;
 mod reads;
+pub mod reprocess;
 pub mod store;
 
 use crate::runtime::{
@@ -131,6 +132,20 @@ impl Embedded {
         store: Box<dyn Store>,
         read_model: Option<Arc<dyn crate::scylla::ReadModel>>,
     ) -> Result<Embedded, RuntimeError> {
+        let inner = Embedded::restore_inner(config, store, read_model)?;
+        let embedded = Embedded::restored(inner);
+        embedded.spawn_threads()?;
+        embedded.inner.ready.store(true, Ordering::SeqCst);
+        Ok(embedded)
+    }
+
+    /// Opens the store's settings, restores every stage partition from its log (nothing is processed or
+    /// committed) and marks every key for the projector, if there is one.
+    fn restore_inner(
+        config: EmbeddedConfig,
+        store: Box<dyn Store>,
+        read_model: Option<Arc<dyn crate::scylla::ReadModel>>,
+    ) -> Result<Arc<Inner>, RuntimeError> {
         if config.partitions == 0 || config.partitions > PARTITIONS_MAX {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
@@ -178,10 +193,12 @@ impl Embedded {
         if let Some(projector) = &inner.projector {
             projector.mark_all(&inner);
         }
-        let embedded = Embedded { inner, threads: Arc::new(Mutex::new(Vec::new())) };
-        embedded.spawn_threads()?;
-        embedded.inner.ready.store(true, Ordering::SeqCst);
-        Ok(embedded)
+        Ok(inner)
+    }
+
+    /// A pipeline whose partitions are restored and whose threads have not started.
+    fn restored(inner: Arc<Inner>) -> Embedded {
+        Embedded { inner, threads: Arc::new(Mutex::new(Vec::new())) }
     }
 
     fn spawn_threads(&self) -> Result<(), RuntimeError> {

@@ -116,34 +116,48 @@ impl Projector {
     /// The projector thread: projects what was marked until the pipeline stops.
     pub(super) fn run(&self, inner: &Inner) -> Result<(), RuntimeError> {
         while !inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            let keys: Vec<(StageKind, String)> = {
-                let mut touched = lock(&self.touched);
-                let taken: Vec<_> = touched.iter().take(KEYS_PER_PROJECTION_MAX).cloned().collect();
-                for key in &taken {
-                    touched.remove(key);
-                }
-                self.in_flight.store(taken.len(), std::sync::atomic::Ordering::SeqCst);
-                taken
-            };
-            if keys.is_empty() {
-                self.doorbell.wait(Duration::from_millis(100));
-                continue;
-            }
-            let result = self.project(inner, &keys);
-            if let Err(error) = &result {
-                if error.is_retryable() {
+            match self.step(inner) {
+                Ok(true) => {}
+                Ok(false) => self.doorbell.wait(Duration::from_millis(100)),
+                Err(error) if error.is_retryable() => {
                     tracing::warn!(%error, "read model write failed; retrying");
-                    self.mark(keys);
+                    std::thread::sleep(Duration::from_millis(RETRY_BACKOFF_MS));
                 }
-            }
-            self.in_flight.store(0, std::sync::atomic::Ordering::SeqCst);
-            match result {
-                Ok(()) => {}
-                Err(error) if error.is_retryable() => std::thread::sleep(Duration::from_millis(RETRY_BACKOFF_MS)),
                 Err(error) => return Err(error),
             }
         }
         Ok(())
+    }
+
+    /// Projects until nothing is marked (reprocessing: no processing runs meanwhile).
+    pub(super) fn drain(&self, inner: &Inner) -> Result<(), RuntimeError> {
+        while self.step(inner)? {}
+        Ok(())
+    }
+
+    /// Projects up to [`KEYS_PER_PROJECTION_MAX`] marked keys; false when none were marked. Keys of a
+    /// projection that failed retryably are marked again.
+    fn step(&self, inner: &Inner) -> Result<bool, RuntimeError> {
+        let keys: Vec<(StageKind, String)> = {
+            let mut touched = lock(&self.touched);
+            let taken: Vec<_> = touched.iter().take(KEYS_PER_PROJECTION_MAX).cloned().collect();
+            for key in &taken {
+                touched.remove(key);
+            }
+            self.in_flight.store(taken.len(), std::sync::atomic::Ordering::SeqCst);
+            taken
+        };
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        let result = self.project(inner, &keys);
+        if let Err(error) = &result {
+            if error.is_retryable() {
+                self.mark(keys);
+            }
+        }
+        self.in_flight.store(0, std::sync::atomic::Ordering::SeqCst);
+        result.map(|()| true)
     }
 
     /// The version of a projection starting now (see the module's comment).
