@@ -71,6 +71,11 @@ enum Commands {
         /// The read model's keyspace.
         #[arg(long, default_value = "paisa")]
         keyspace: String,
+        /// With `--profile kafka`: a Confluent Schema Registry (`http://host:port`). The topics' value
+        /// schemas are registered at start (a schema the registry finds incompatible stops the start)
+        /// and records carry the ids it gave; without it, the embedded schemas' static ids.
+        #[arg(long, requires = "kafka_brokers")]
+        schema_registry: Option<String>,
         /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
@@ -183,6 +188,7 @@ fn main() -> ExitCode {
             kafka_brokers,
             scylla_uri,
             keyspace,
+            schema_registry,
             listen,
             clock,
             statement_provider,
@@ -197,6 +203,7 @@ fn main() -> ExitCode {
                 kafka_brokers,
                 scylla_uri,
                 keyspace,
+                schema_registry,
                 listen,
                 clock,
                 statement_provider,
@@ -365,6 +372,7 @@ struct ServeOptions {
     kafka_brokers: Option<String>,
     scylla_uri: Option<String>,
     keyspace: String,
+    schema_registry: Option<String>,
     listen: SocketAddr,
     clock: Clock,
     statement_provider: Option<String>,
@@ -379,9 +387,14 @@ async fn start_on_kafka(
     config: EmbeddedConfig,
     brokers: &str,
     read_model: Option<Arc<dyn connectors::scylla::ReadModel>>,
+    schema_registry: Option<&str>,
 ) -> anyhow::Result<(Embedded, Option<connectors::kafka::MockCluster>)> {
     let mut kafka = connectors::kafka::KafkaConfig::new(brokers, config.partitions);
     let cluster = if brokers == "mock" { Some(connectors::kafka::start_mock_cluster(&mut kafka)?) } else { None };
+    if let Some(registry) = schema_registry {
+        kafka.schema_ids = connectors::kafka::payload::register_schemas(registry, &kafka.avro_topics()).await?;
+        tracing::info!(ids = ?kafka.schema_ids.by_topic, "value schemas registered");
+    }
     let embedded = tokio::task::spawn_blocking(move || -> anyhow::Result<Embedded> {
         let store = connectors::kafka::KafkaStore::open(kafka)?;
         Ok(Embedded::start_on(config, Box::new(store), read_model)?)
@@ -426,7 +439,8 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
                 Some(uri) => Some(read_model(uri, &options.keyspace).await?),
                 None => None,
             };
-            let (embedded, cluster) = start_on_kafka(config, &brokers, model.clone()).await?;
+            let registry = options.schema_registry.as_deref();
+            let (embedded, cluster) = start_on_kafka(config, &brokers, model.clone(), registry).await?;
             read_model_in_use = model;
             (embedded, cluster)
         }

@@ -29,6 +29,10 @@ pub struct KafkaConfig {
     /// retryable.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Value schema ids from a Schema Registry (set at start by `serve --schema-registry`, not read from
+    /// a file); empty: the embedded schemas' static ids.
+    #[serde(skip)]
+    pub schema_ids: super::payload::SchemaIds,
 }
 
 fn default_namespace() -> String {
@@ -56,7 +60,18 @@ impl KafkaConfig {
             transactional_id: default_transactional_id(),
             transactions: default_transactions(),
             request_timeout_ms: default_request_timeout_ms(),
+            schema_ids: super::payload::SchemaIds::default(),
         }
+    }
+
+    /// The topics whose values are Avro, as (topic, is the outputs topic).
+    pub fn avro_topics(&self) -> Vec<(String, bool)> {
+        let mut topics: Vec<(String, bool)> = pipelines::partition::StageKind::ALL
+            .iter()
+            .map(|kind| (format!("{}.{}", self.namespace, kind.name()), false))
+            .collect();
+        topics.push((format!("{}.{}", self.namespace, crate::runtime::OUTPUTS_LOG), true));
+        topics
     }
 
     /// The consumer group whose offsets the stages and the connector commit in their transactions.

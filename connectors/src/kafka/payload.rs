@@ -33,6 +33,47 @@ fn layout(log: &str) -> Layout {
     }
 }
 
+/// Schema ids from a Confluent Schema Registry, by topic (`serve --schema-registry`). Without them the
+/// embedded schemas' static ids are written (`schemas::StaticResolver`); either way a reader accepts
+/// both for the schema this version writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchemaIds {
+    /// Topic name → the id its value schema got.
+    pub by_topic: std::collections::BTreeMap<String, u32>,
+}
+
+impl SchemaIds {
+    fn id(&self, topic: &str, name: schemas::SchemaName) -> u32 {
+        self.by_topic.get(topic).copied().unwrap_or(name.static_id())
+    }
+
+    fn accepts(&self, topic: &str, name: schemas::SchemaName, id: u32) -> bool {
+        id == name.static_id() || self.by_topic.get(topic) == Some(&id)
+    }
+}
+
+/// Registers the value schemas of the stage and outputs topics (TopicNameStrategy subjects
+/// `{topic}-value`) and returns their ids. A registry that refuses a schema as incompatible stops the
+/// start: this version would write what older readers cannot read.
+pub async fn register_schemas(registry_url: &str, topics: &[(String, bool)]) -> Result<SchemaIds, RuntimeError> {
+    let fail = |error: schemas::Error| {
+        if error.is_retryable() {
+            RuntimeError::Retryable(format!("schema registry: {error}"))
+        } else {
+            RuntimeError::Fatal(format!("schema registry: {error}"))
+        }
+    };
+    let registry = schemas::RegistryResolver::new(registry_url).map_err(fail)?;
+    let mut ids = SchemaIds::default();
+    for (topic, is_outputs) in topics {
+        let name = if *is_outputs { schemas::SchemaName::Output } else { schemas::SchemaName::StageRecord };
+        let definition = schemas::embedded(name).map_err(fail)?;
+        let id = registry.register(&schemas::catalog::subject(topic, false), definition).await.map_err(fail)?;
+        ids.by_topic.insert(topic.clone(), id);
+    }
+    Ok(ids)
+}
+
 /// A record as produced to a topic: its value and headers.
 pub struct TopicRecord {
     pub payload: Vec<u8>,
@@ -44,46 +85,47 @@ fn encoding(error: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Fatal(format!("encoding a record for Kafka: {error}"))
 }
 
-fn avro<T: AvroRecord>(value: &T) -> Result<Vec<u8>, RuntimeError> {
+fn avro<T: AvroRecord>(value: &T, schema_id: u32) -> Result<Vec<u8>, RuntimeError> {
     let definition = schemas::embedded(T::SCHEMA).map_err(encoding)?;
     let avro = value.to_avro().map_err(encoding)?;
-    schemas::wire::encode(T::SCHEMA.static_id(), definition.schema(), T::SCHEMA.full_name(), avro).map_err(encoding)
+    schemas::wire::encode(schema_id, definition.schema(), T::SCHEMA.full_name(), avro).map_err(encoding)
 }
 
 /// Converts a record the runtime encoded (JSON) into what the log's topic holds.
-pub fn to_topic(log: &str, json: Vec<u8>) -> Result<TopicRecord, RuntimeError> {
+pub fn to_topic(log: &str, topic: &str, json: Vec<u8>, ids: &SchemaIds) -> Result<TopicRecord, RuntimeError> {
     match layout(log) {
         Layout::Raw => Ok(TopicRecord { payload: json, headers: Vec::new() }),
         Layout::StageRecord => {
             let record: StageRecord = serde_json::from_slice(&json).map_err(encoding)?;
-            Ok(TopicRecord { payload: avro(&record)?, headers: Vec::new() })
+            let id = ids.id(topic, StageRecord::SCHEMA);
+            Ok(TopicRecord { payload: avro(&record, id)?, headers: Vec::new() })
         }
         Layout::Output => {
             let record: OutputRecord = serde_json::from_slice(&json).map_err(encoding)?;
-            let id = serde_json::to_vec(&record.id).map_err(encoding)?;
-            Ok(TopicRecord { payload: avro(&record.output)?, headers: vec![(RECORD_ID_HEADER, id)] })
+            let record_id = serde_json::to_vec(&record.id).map_err(encoding)?;
+            let id = ids.id(topic, Output::SCHEMA);
+            Ok(TopicRecord { payload: avro(&record.output, id)?, headers: vec![(RECORD_ID_HEADER, record_id)] })
         }
     }
 }
 
-fn from_avro<T: AvroRecord>(payload: &[u8]) -> Result<T, String> {
+fn from_avro<T: AvroRecord>(payload: &[u8], topic: &str, ids: &SchemaIds) -> Result<T, String> {
     let definition = schemas::embedded(T::SCHEMA).map_err(|error| error.to_string())?;
     let (_, value) =
-        schemas::wire::decode(payload, |id| (id == T::SCHEMA.static_id()).then(|| definition.schema()), None)
+        schemas::wire::decode(payload, |id| ids.accepts(topic, T::SCHEMA, id).then(|| definition.schema()), None)
             .map_err(|error| error.to_string())?;
     T::from_avro(value).map_err(|error| error.to_string())
 }
 
 /// Converts what a topic holds back into the runtime's encoding. A record that does not convert (a
-/// poison message another producer wrote) is handed over as it is: the runtime cannot decode it either
-/// and moves it to the dead-letter log.
-pub fn from_topic(log: &str, payload: Vec<u8>, record_id: Option<&[u8]>) -> Vec<u8> {
+/// poison message another producer wrote, or a schema id this version does not know) is handed over as
+/// it is: the runtime cannot decode it either and moves it to the dead-letter log.
+pub fn from_topic(log: &str, topic: &str, payload: Vec<u8>, record_id: Option<&[u8]>, ids: &SchemaIds) -> Vec<u8> {
     let converted = match layout(log) {
         Layout::Raw => return payload,
-        Layout::StageRecord => {
-            from_avro::<StageRecord>(&payload).and_then(|record| serde_json::to_vec(&record).map_err(|e| e.to_string()))
-        }
-        Layout::Output => output_from_topic(&payload, record_id),
+        Layout::StageRecord => from_avro::<StageRecord>(&payload, topic, ids)
+            .and_then(|record| serde_json::to_vec(&record).map_err(|error| error.to_string())),
+        Layout::Output => output_from_topic(&payload, topic, record_id, ids),
     };
     match converted {
         Ok(json) => json,
@@ -94,8 +136,14 @@ pub fn from_topic(log: &str, payload: Vec<u8>, record_id: Option<&[u8]>) -> Vec<
     }
 }
 
-fn output_from_topic(payload: &[u8], record_id: Option<&[u8]>) -> Result<Vec<u8>, String> {
-    let output = from_avro::<Output>(payload)?;
-    let id: RecordId = serde_json::from_slice(record_id.ok_or("no record id header")?).map_err(|e| e.to_string())?;
+fn output_from_topic(
+    payload: &[u8],
+    topic: &str,
+    record_id: Option<&[u8]>,
+    ids: &SchemaIds,
+) -> Result<Vec<u8>, String> {
+    let output = from_avro::<Output>(payload, topic, ids)?;
+    let id: RecordId =
+        serde_json::from_slice(record_id.ok_or("no record id header")?).map_err(|error| error.to_string())?;
     serde_json::to_vec(&OutputRecord { id, output }).map_err(|error| error.to_string())
 }

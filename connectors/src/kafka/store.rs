@@ -344,7 +344,7 @@ impl KafkaStore {
                 return Ok(Outgoing { topic, partition, key: Vec::new(), payload, headers });
             }
         }
-        let converted = super::payload::to_topic(log, bytes)?;
+        let converted = super::payload::to_topic(log, &topic, bytes, &self.config.schema_ids)?;
         Ok(Outgoing { topic, partition, key: Vec::new(), payload: converted.payload, headers: converted.headers })
     }
 }
@@ -505,7 +505,11 @@ impl Store for KafkaStore {
         Ok(fetched
             .into_iter()
             .filter(|record| record.offset >= from)
-            .map(|record| (record.offset, super::payload::from_topic(log, record.payload, record.record_id.as_deref())))
+            .map(|record| {
+                let record_id = record.record_id.as_deref();
+                let json = super::payload::from_topic(log, &topic, record.payload, record_id, &self.config.schema_ids);
+                (record.offset, json)
+            })
             .collect())
     }
 

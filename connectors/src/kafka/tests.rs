@@ -388,3 +388,55 @@ fn a_read_model_rebuilt_from_the_topics_equals_the_live_one() {
     wait_quiescent(&pipeline);
     pipeline.stop();
 }
+
+/// A Schema Registry on loopback answering `POST /subjects/{subject}/versions` with an id per schema
+/// (`StageRecord` 101, `Output` 102), counting registrations.
+async fn fake_registry(registered: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> String {
+    use axum::routing::post;
+    let app = axum::Router::new().route(
+        "/subjects/{subject}/versions",
+        post(move |axum::extract::Path(subject): axum::extract::Path<String>, body: String| {
+            let registered = std::sync::Arc::clone(&registered);
+            async move {
+                registered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let id = if body.contains("in.paisa.v1") && subject.ends_with(".outputs-value") { 102 } else { 101 };
+                axum::Json(serde_json::json!({ "id": id }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let address = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
+
+#[test]
+fn with_a_schema_registry_records_carry_its_ids_and_still_read_back() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let registered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let registry = runtime.block_on(fake_registry(std::sync::Arc::clone(&registered)));
+    let (mut config, _cluster) = mock(1);
+    config.schema_ids =
+        runtime.block_on(payload::register_schemas(&registry, &config.avro_topics())).expect("registered");
+    assert_eq!(registered.load(std::sync::atomic::Ordering::SeqCst), 4, "the three stage topics and the outputs");
+    assert_eq!(config.schema_ids.by_topic.get("paisa.agent"), Some(&101));
+    assert_eq!(config.schema_ids.by_topic.get("paisa.outputs"), Some(&102));
+    let store = KafkaStore::open(config.clone()).expect("the store opens");
+    let appends = vec![("agent-0".to_string(), tick("ingest", 1)), ("outputs".to_string(), output("agent-0", 4))];
+    store.commit(WriteBatch { appends, offsets: Vec::new(), ..WriteBatch::default() }).expect("committed");
+    assert_eq!(first_raw(&config, "paisa.agent", 0).0[..5], [0, 0, 0, 0, 101]);
+    assert_eq!(first_raw(&config, "paisa.outputs", 0).0[..5], [0, 0, 0, 0, 102]);
+    assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1))]);
+    assert_eq!(read_all(&store, OUTPUTS_LOG), vec![(0, output("agent-0", 4))]);
+    // Records written before the registry (static ids) still read.
+    let mut without = config.clone();
+    without.schema_ids = payload::SchemaIds::default();
+    drop(store);
+    let store = KafkaStore::open(without).expect("reopens without the registry");
+    store
+        .commit(WriteBatch { appends: vec![("agent-0".to_string(), tick("ingest", 2))], ..WriteBatch::default() })
+        .expect("committed");
+    drop(store);
+    let store = KafkaStore::open(config).expect("reopens with the registry");
+    assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1)), (1, tick("ingest", 2))]);
+}
