@@ -167,6 +167,14 @@ impl<'de> serde::Deserialize<'de> for Money {
     }
 }
 
+/// A rate reads back (from a partition snapshot) from the string it serializes to.
+impl<'de> serde::Deserialize<'de> for Rate {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Rate, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Rate::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl Rate {
     /// Parses a non-negative decimal rate such as `"0.025"`, with at most [`RATE_DECIMALS_MAX`]
     /// decimals so that `amount × rate` is computed exactly before it is rounded to 0.01.

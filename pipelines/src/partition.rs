@@ -10,6 +10,7 @@
 use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::Output;
+use crate::snapshot::SnapshotError;
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
@@ -195,34 +196,59 @@ pub enum Applied {
 
 /// The state of one stage's partition (one per partition, so its size does not matter).
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum StageState {
     Order(OrderStage),
     Agent(AgentStage),
     Merchant(MerchantStage),
 }
 
-#[derive(Debug)]
+/// Everything here is in a snapshot (see [`StagePartition::snapshot`]), in this order.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StagePartition {
     kind: StageKind,
     partition: u32,
     partitions: u32,
     state: StageState,
     /// Due timers by (due, creation).
+    #[serde(with = "crate::snapshot::btree_pairs")]
     timers: BTreeMap<(Timestamp, u64), Timer>,
     timers_created: u64,
     clock: Timestamp,
     /// Last record id applied per source (exactly-once across redeliveries).
     high_water: BTreeMap<String, (u64, u32)>,
+    /// Empty between records (drained after every handler); kept in snapshots all the same.
     effects: Effects,
+    /// Empty between records too.
     local: VecDeque<Work>,
     records_applied: u64,
     duplicates_dropped: u64,
 }
 
+/// What a snapshot encodes: the partition and, for the agent stage (the only one that reads it), the
+/// fingerprint of its configuration.
+#[derive(Serialize)]
+struct SnapshotRef<'a> {
+    config: Option<u32>,
+    partition: &'a StagePartition,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Snapshot {
+    config: Option<u32>,
+    partition: StagePartition,
+}
+
+/// CRC-32 of the configuration's `Debug` form: equal configurations, equal fingerprints (within a build;
+/// a build that formats it differently refuses older snapshots, and the runtime applies the log instead).
+fn config_fingerprint(config: &Config) -> u32 {
+    crc32fast::hash(format!("{config:?}").as_bytes())
+}
+
 /// Most work is messages; boxing them to shrink the rarer timer variant would add an allocation each.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 enum Work {
     Message(Message),
     Timer(Timer),
@@ -254,6 +280,62 @@ impl StagePartition {
 
     pub fn kind(&self) -> StageKind {
         self.kind
+    }
+
+    /// The number of partitions of this partition's stage.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The partition's complete state as bytes (see [`crate::snapshot`] for the encoding): restoring them
+    /// with [`StagePartition::restore`] gives a partition that applies the rest of its log exactly as
+    /// this one would, and whose snapshot is these bytes again. Deterministic: equal states give equal
+    /// bytes. The configuration is not in it (only its fingerprint): `restore` takes it.
+    pub fn snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
+        let config = match &self.state {
+            StageState::Agent(stage) => Some(config_fingerprint(&stage.config)),
+            StageState::Order(_) | StageState::Merchant(_) => None,
+        };
+        let body = SnapshotRef { config, partition: self };
+        let json = serde_json::to_vec(&body).map_err(|error| SnapshotError::Encode(error.to_string()))?;
+        Ok(crate::snapshot::frame(&json))
+    }
+
+    /// Restores a partition from [`StagePartition::snapshot`] bytes. `config` is the configuration the
+    /// partition runs with; an agent partition's snapshot taken under another one is refused
+    /// ([`SnapshotError::ConfigMismatch`]), as are another format version, corrupt or truncated bytes and
+    /// a state that contradicts itself. Never panics on bad bytes.
+    pub fn restore(bytes: &[u8], config: Config) -> Result<StagePartition, SnapshotError> {
+        let body = crate::snapshot::unframe(bytes)?;
+        let Snapshot { config: fingerprint, partition: mut restored } =
+            serde_json::from_slice(body).map_err(|error| SnapshotError::Corrupt(error.to_string()))?;
+        if restored.partitions == 0 || restored.partition >= restored.partitions {
+            let (partition, partitions) = (restored.partition, restored.partitions);
+            return Err(SnapshotError::Inconsistent(format!("partition {partition} of {partitions}")));
+        }
+        let kind = match &restored.state {
+            StageState::Order(_) => StageKind::Order,
+            StageState::Agent(_) => StageKind::Agent,
+            StageState::Merchant(_) => StageKind::Merchant,
+        };
+        if kind != restored.kind {
+            let (expected, found) = (restored.kind.name(), kind.name());
+            return Err(SnapshotError::Inconsistent(format!("a {expected} partition with {found} state")));
+        }
+        let expected = config_fingerprint(&config);
+        match (&mut restored.state, fingerprint) {
+            (StageState::Agent(stage), Some(found)) => {
+                if found != expected {
+                    return Err(SnapshotError::ConfigMismatch { found, expected });
+                }
+                stage.config = config;
+            }
+            (StageState::Agent(_), None) => {
+                return Err(SnapshotError::Inconsistent("an agent partition without its configuration".into()))
+            }
+            (_, _) => {}
+        }
+        Ok(restored)
     }
 
     pub fn partition(&self) -> u32 {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProviderTimer {
     /// Answer a request at its due time.
     Answer(Box<CrawlRequested>),

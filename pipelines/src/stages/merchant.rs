@@ -7,9 +7,9 @@ use crate::money::{Money, Rate};
 use crate::output::{Reason, Rejection};
 use crate::time::Timestamp;
 use rustc_hash::FxHashMap as HashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MerchantEntryKind {
     Deposit,
@@ -20,13 +20,13 @@ pub enum MerchantEntryKind {
     PayoutRefund,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MerchantBalances {
     pub available: Money,
     pub payout_reserve: Money,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MerchantEntry {
     pub seq: u64,
     pub at: Timestamp,
@@ -38,7 +38,7 @@ pub struct MerchantEntry {
     pub after: MerchantBalances,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Merchant {
     pub merchant_id: String,
     pub collection_fee_rate: Rate,
@@ -48,13 +48,16 @@ pub struct Merchant {
     pub balances: MerchantBalances,
     pub journal: Vec<MerchantEntry>,
     /// Net credited per successful collection, for the claw-back of R-ADMIN-3.
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub collection_net: HashMap<String, Money>,
     /// Payable reserved per open payout (R-MER-3), released by R-MER-4.
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub payout_payable: HashMap<String, Money>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct MerchantStage {
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub merchants: HashMap<String, Merchant>,
 }
 

@@ -148,7 +148,7 @@ pub enum MerchantBody {
 }
 
 /// A timer: state of the stage that set it, fired deterministically at its due time (SPEC §3).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Timer {
     Order { order_id: String, timer: order::OrderTimer },
     Agent { user_id: String, timer: agent::AgentTimer },
@@ -156,7 +156,7 @@ pub enum Timer {
 }
 
 /// Everything one handler produces. The runtime drains it after each handler.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Effects {
     /// Event time of what is being processed.
     pub now: Timestamp,

@@ -11,9 +11,9 @@ use crate::money::Money;
 use crate::output::{CallbackStatus, OrderKind, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
 use rustc_hash::FxHashMap as HashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderState {
     Pending,
@@ -23,21 +23,21 @@ pub enum OrderState {
 }
 
 /// Timers the order stage sets.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OrderTimer {
     /// R-EXP-1.
     Expiry,
 }
 
 /// The sub-orders the order stage knows of: who holds them (their state lives in the agent stage).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubOrderRef {
     pub seq: u32,
     pub user_id: String,
     pub card_id: String,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MainOrder {
     pub order_id: String,
     pub kind: OrderKind,
@@ -66,8 +66,9 @@ pub struct MainOrder {
 /// Commands that may wait for one order at most (more are refused: bounded state).
 pub const ORDER_WAITING_COMMANDS_MAX: usize = 64;
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct OrderStage {
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub orders: HashMap<String, MainOrder>,
 }
 

@@ -26,10 +26,11 @@ use crate::input::{Command, Provider};
 use crate::money::Money;
 use crate::output::{OrderKind, Reason, Rejection};
 use rustc_hash::FxHashMap as HashMap;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 /// Timers the agent stage sets. `sub` is the agent-local index of a sub-order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentTimer {
     /// R-WAVE-1 automatic check.
     CollectionWave { sub: usize },
@@ -55,12 +56,16 @@ pub enum AgentTimer {
     DebtSweep,
 }
 
-#[derive(Debug)]
+/// A snapshot leaves the configuration out: the runtime passes it to `StagePartition::restore`.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct AgentStage {
+    #[serde(skip)]
     pub config: Config,
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub agents: HashMap<String, Agent>,
     /// A card id belongs to one agent forever (SPEC §4). In a partitioned deployment this index is
     /// its own card-keyed partition; here it sits beside the agents it guards.
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub card_owner: HashMap<String, String>,
 }
 

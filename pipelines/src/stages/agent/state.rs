@@ -1,11 +1,11 @@
 //! The agent stage's state (SPEC §4): agents, cards, holds, sub-orders, bill tables, journals.
 
-use crate::input::{Counterparty, Direction, LineStatus, Party, Provider, StatementLine};
+use crate::input::{Counterparty, Direction, LineStatus, Party, Provider, StatementLine, StaticName};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
 use rustc_hash::FxHashMap as HashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Statement lines kept per card in the bill table; the oldest lines no sub-order uses are evicted
@@ -18,21 +18,21 @@ pub const TIMELINE_ENTRIES_PER_SUB_ORDER_MAX: usize = 64;
 /// Lines one `crawl_result` may carry (a provider page is 50; anything far above is refused).
 pub const LINES_PER_RESULT_MAX: usize = 500;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentStatus {
     Active,
     Banned,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CardAuth {
     Authenticated,
     Unauthenticated,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HoldState {
     Frozen,
@@ -42,7 +42,7 @@ pub enum HoldState {
     ConsumedAfterRelease,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SubState {
     Paying,
@@ -60,7 +60,7 @@ impl SubState {
 }
 
 /// Flags, declared in alphabetical order so a `BTreeSet` lists them sorted (SPEC §9).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Flag {
     Ambiguous,
@@ -73,14 +73,14 @@ pub enum Flag {
     Underpaid,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Balances {
     pub available: Money,
     pub frozen: Money,
     pub deferred: Money,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     Sell,
@@ -92,7 +92,7 @@ pub enum EntryKind {
     CorrectionRefund,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalEntry {
     pub seq: u64,
     pub at: Timestamp,
@@ -103,13 +103,13 @@ pub struct JournalEntry {
     pub after: Balances,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DebtBatch {
     pub at: Timestamp,
     pub amount: Money,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hold {
     pub id: u32,
     pub order_id: String,
@@ -120,7 +120,7 @@ pub struct Hold {
     pub debt_batches: Vec<DebtBatch>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusChange {
     pub at: Timestamp,
     pub from: AgentStatus,
@@ -130,7 +130,7 @@ pub struct StatusChange {
 }
 
 /// A statement line as the bill table keeps it (money parsed).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
     pub txn_id: String,
     pub utr: Option<String>,
@@ -160,7 +160,7 @@ impl Line {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BillLine {
     pub line: Line,
     /// The sub-order (agent-local index) this line is matched to, forever (R-WIN-3).
@@ -233,8 +233,30 @@ impl BillTable {
     }
 }
 
+/// A snapshot keeps a bill table as its lines in (time, txn id) order; the two indexes are rebuilt.
+impl Serialize for BillTable {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.lines_after(None))
+    }
+}
+
+impl<'de> Deserialize<'de> for BillTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<BillTable, D::Error> {
+        let lines = Vec::<BillLine>::deserialize(deserializer)?;
+        let mut table = BillTable::default();
+        for line in lines {
+            let txn_id = line.line.txn_id.clone();
+            table.by_time.insert((line.line.time, txn_id.clone()));
+            if table.lines.insert(txn_id.clone(), line).is_some() {
+                return Err(serde::de::Error::custom(format!("bill line {txn_id} twice")));
+            }
+        }
+        Ok(table)
+    }
+}
+
 /// Why a check of a card was asked; one check can count for several (R-CHK-1 coalescing).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PurposeKind {
     /// R-WAVE-1 automatic wave.
     Wave,
@@ -254,7 +276,7 @@ pub enum PurposeKind {
     Reauth,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Purpose {
     pub sub: Option<usize>,
     pub kind: PurposeKind,
@@ -263,7 +285,7 @@ pub struct Purpose {
 }
 
 /// Rules whose time lapsed while the card was unauthenticated (R-REAUTH-1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Lapse {
     SecondWave,
     Close,
@@ -271,7 +293,7 @@ pub enum Lapse {
     Revival,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CheckInFlight {
     pub asked_at: Timestamp,
     /// The first page's request id (for the audit of purposes joining the check).
@@ -284,7 +306,7 @@ pub struct CheckInFlight {
     pub lines: Vec<Line>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CheckState {
     pub in_flight: Option<CheckInFlight>,
     /// Purposes that fell due while a check was outstanding or waiting for a retry (coalesced).
@@ -295,7 +317,7 @@ pub struct CheckState {
     pub retry_generation: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DetailReason {
     /// R-MATCH-P1 IFSC verification for a sub-order.
     Ifsc { sub: usize },
@@ -303,20 +325,20 @@ pub enum DetailReason {
     Pending,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RequestKind {
     OrderCheck,
     Reservoir,
     Detail { txn_id: String, reason: DetailReason },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Request {
     pub kind: RequestKind,
     pub asked_at: Timestamp,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Card {
     pub card_id: String,
     pub provider: Provider,
@@ -334,9 +356,10 @@ pub struct Card {
     pub live_subs: BTreeSet<usize>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MatchRecord {
-    pub rule: &'static str,
+    #[serde(deserialize_with = "deserialize_rule_id")]
+    pub rule: StaticName,
     pub txn_ids: Vec<String>,
     pub explanation: Evidence,
 }
@@ -435,6 +458,14 @@ impl Serialize for Evidence {
     }
 }
 
+/// Evidence reads back (from a partition snapshot) as the text it was written as: it is only ever shown,
+/// never inspected, so the text is all that later outputs can depend on.
+impl<'de> Deserialize<'de> for Evidence {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Evidence, D::Error> {
+        String::deserialize(deserializer).map(Evidence::Owned)
+    }
+}
+
 impl From<String> for Evidence {
     fn from(text: String) -> Evidence {
         Evidence::Owned(text)
@@ -447,16 +478,117 @@ impl From<&'static str> for Evidence {
     }
 }
 
+/// Every rule id a timeline entry or match record names: a partition snapshot reads them back into
+/// `&'static str`s from this list (a test checks it against every `"R-…"` literal of the stages).
+pub const RULE_IDS: &[&str] = &[
+    "R-ADMIN-1",
+    "R-ADMIN-3",
+    "R-ADMIN-4",
+    "R-AUDIT-1",
+    "R-CHK-1",
+    "R-CHK-3",
+    "R-CLOSE-1",
+    "R-CLOSE-2",
+    "R-CLOSE-3",
+    "R-DSP-1",
+    "R-HIS-1",
+    "R-HIS-2",
+    "R-HIS-3",
+    "R-MATCH-C1",
+    "R-MATCH-C2",
+    "R-MATCH-C3",
+    "R-MATCH-P1",
+    "R-MATCH-P2",
+    "R-MATCH-P3",
+    "R-MATCH-P4",
+    "R-MATCH-P5",
+    "R-PAY-1",
+    "R-PAY-2",
+    "R-PEND-1",
+    "R-PEND-2",
+    "R-POST-1",
+    "R-POST-2",
+    "R-REAUTH-1",
+    "R-WAVE-2",
+];
+
+/// Every timeline event name (a test checks it against the events the stages pass to `note`).
+pub const TIMELINE_EVENTS: &[&str] = &[
+    "abandoned",
+    "ambiguous",
+    "amount_mismatch",
+    "await_reauth",
+    "bill_pending",
+    "bill_pending_timeout",
+    "bill_table_miss",
+    "cancelled",
+    "check_answered",
+    "check_asked",
+    "close_deferred",
+    "closed",
+    "corrected",
+    "dispatched",
+    "ended",
+    "grabbed",
+    "his_exhausted",
+    "ifsc_detail_asked",
+    "ifsc_mismatch",
+    "ifsc_unverified",
+    "ifsc_verified",
+    "lapsed_rules",
+    "line_failed",
+    "line_settled",
+    "line_status_changed",
+    "line_taken",
+    "lines_matched",
+    "operator_retry",
+    "pay_timeout",
+    "payment_confirmed",
+    "reauthenticated",
+    "rejected",
+    "revival_missed",
+    "revived",
+    "success",
+    "supplement_debit",
+    "underpaid",
+    "underpaid_timeout",
+];
+
+fn known_name<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+    names: &'static [&'static str],
+    what: &str,
+) -> Result<&'static str, D::Error> {
+    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+    names
+        .iter()
+        .find(|known| **known == name)
+        .copied()
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown {what} `{name}`")))
+}
+
+/// Deserializes a rule id into its `&'static str` from [`RULE_IDS`].
+pub fn deserialize_rule_id<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
+    known_name(deserializer, RULE_IDS, "rule id")
+}
+
+/// Deserializes a timeline event name into its `&'static str` from [`TIMELINE_EVENTS`].
+pub fn deserialize_timeline_event<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
+    known_name(deserializer, TIMELINE_EVENTS, "timeline event")
+}
+
 /// One decision on a sub-order (R-AUDIT-1).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimelineEntry {
     pub at: Timestamp,
-    pub rule: &'static str,
-    pub event: &'static str,
+    #[serde(deserialize_with = "deserialize_rule_id")]
+    pub rule: StaticName,
+    #[serde(deserialize_with = "deserialize_timeline_event")]
+    pub event: StaticName,
     pub evidence: Evidence,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Timeline {
     pub entries: VecDeque<TimelineEntry>,
     pub dropped: u64,
@@ -487,7 +619,7 @@ impl Timeline {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SubOrder {
     pub order_id: String,
     pub seq: u32,
@@ -535,7 +667,7 @@ impl SubOrder {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Agent {
     pub user_id: String,
     pub status: AgentStatus,
@@ -546,11 +678,14 @@ pub struct Agent {
     /// Sum of `remaining` over deferred holds.
     pub deferred: Money,
     pub cards: BTreeMap<String, Card>,
+    /// Snapshots keep each hold's debt batches, which the user view leaves out.
+    #[serde(with = "crate::snapshot::holds")]
     pub holds: Vec<Hold>,
     pub journal: Vec<JournalEntry>,
     pub status_history: Vec<StatusChange>,
     pub last_unban_at: Option<Timestamp>,
     pub subs: Vec<SubOrder>,
+    #[serde(with = "crate::snapshot::sorted_map")]
     pub sub_index: HashMap<(String, u32), usize>,
     /// ERRORED lines of every card: (time, card, txn) (R-ERR-1).
     pub errored: BTreeSet<(Timestamp, String, String)>,
