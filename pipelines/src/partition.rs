@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::Output;
 use crate::snapshot::SnapshotError;
-use crate::stages::agent::AgentStage;
+use crate::stages::agent::{AgentStage, AgentTimer};
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
 use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
@@ -282,6 +282,38 @@ impl StagePartition {
         self.kind
     }
 
+    /// Whether the agent state's indexes, and the agent timers', point at what exists (see `restore`).
+    fn check_references(&self) -> Result<(), String> {
+        let StageState::Agent(stage) = &self.state else {
+            return Ok(());
+        };
+        for agent in stage.agents.values() {
+            agent.check_references()?;
+        }
+        for timer in self.timers.values().chain(self.effects.timers.iter().map(|(_, timer)| timer)) {
+            let Timer::Agent { user_id, timer } = timer else {
+                continue;
+            };
+            let sub = match timer {
+                AgentTimer::CollectionWave { sub }
+                | AgentTimer::Close { sub }
+                | AgentTimer::ConfirmWave { sub, .. }
+                | AgentTimer::PayTimeout { sub }
+                | AgentTimer::UnderpaidTimeout { sub }
+                | AgentTimer::BillPendingTimeout { sub }
+                | AgentTimer::DetailRetry { sub } => *sub,
+                AgentTimer::CrawlTimeout { .. }
+                | AgentTimer::CrawlRetry { .. }
+                | AgentTimer::Reservoir { .. }
+                | AgentTimer::DebtSweep => continue,
+            };
+            if stage.agents.get(user_id).is_some_and(|agent| sub >= agent.subs.len()) {
+                return Err(format!("a timer names sub-order {sub} of agent {user_id}, which has fewer"));
+            }
+        }
+        Ok(())
+    }
+
     /// The number of partitions of this partition's stage.
     pub fn partitions(&self) -> u32 {
         self.partitions
@@ -322,6 +354,7 @@ impl StagePartition {
             let (expected, found) = (restored.kind.name(), kind.name());
             return Err(SnapshotError::Inconsistent(format!("a {expected} partition with {found} state")));
         }
+        restored.check_references().map_err(SnapshotError::Inconsistent)?;
         let expected = config_fingerprint(&config);
         match (&mut restored.state, fingerprint) {
             (StageState::Agent(stage), Some(found)) => {

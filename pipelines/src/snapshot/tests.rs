@@ -428,6 +428,51 @@ fn bad_bytes_are_errors_not_panics() {
     ));
 }
 
+/// Edits the JSON of a snapshot (object order is kept) and frames it again.
+fn edited(bytes: &[u8], edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+    let body = unframe(bytes).expect("a snapshot");
+    let mut value: serde_json::Value = serde_json::from_slice(body).expect("JSON");
+    edit(&mut value);
+    frame(&serde_json::to_vec(&value).expect("JSON"))
+}
+
+#[test]
+fn indexes_that_point_nowhere_are_refused() {
+    let (bytes, config) = agent_snapshot();
+    assert_eq!(edited(&bytes, |_| {}), bytes, "an edit that changes nothing gives the same bytes");
+    let agent = |value: &mut serde_json::Value| value["partition"]["state"]["Agent"]["agents"][0][1].take();
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 4] = [
+        ("sub_index", |agent| agent["sub_index"][0][1] = 999.into()),
+        ("hold id", |agent| agent["holds"][0][0]["id"] = 7.into()),
+        ("sub-order hold", |agent| agent["subs"][0]["hold_id"] = 999.into()),
+        ("live sub-order", |agent| {
+            let cards = agent["cards"].as_object_mut().expect("cards");
+            let card = cards.values_mut().next().expect("a card");
+            card["live_subs"] = serde_json::json!([999]);
+        }),
+    ];
+    for (what, edit) in edits {
+        let broken = edited(&bytes, |value| {
+            let mut record = agent(value);
+            assert!(!record.is_null(), "an agent");
+            edit(&mut record);
+            value["partition"]["state"]["Agent"]["agents"][0][1] = record;
+        });
+        match StagePartition::restore(&broken, config.clone()) {
+            Err(SnapshotError::Inconsistent(_)) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let timer = edited(&bytes, |value| {
+        let user_id = value["partition"]["state"]["Agent"]["agents"][0][0].clone();
+        let timers = value["partition"]["timers"].as_array_mut().expect("timers");
+        let timer = serde_json::json!({"Agent": {"user_id": user_id, "timer": {"Close": {"sub": 999}}}});
+        timers.push(serde_json::json!([["2099-01-01T00:00:00Z", 999_999], timer]));
+    });
+    assert!(matches!(StagePartition::restore(&timer, config), Err(SnapshotError::Inconsistent(_))));
+}
+
 #[test]
 fn order_and_merchant_partitions_ignore_the_configuration() {
     let order = StagePartition::new(StageKind::Order, 1, 2, Config::default());

@@ -724,6 +724,41 @@ impl Agent {
     pub fn dispatch_eligible(&self) -> bool {
         self.status == AgentStatus::Active && self.deferred.is_zero()
     }
+
+    /// Whether every index into `subs` and `holds` is in range (a restored snapshot must not make a later
+    /// handler index out of bounds): the state a snapshot decodes to is checked with it.
+    pub fn check_references(&self) -> Result<(), String> {
+        let user_id = &self.user_id;
+        let sub_ok = |sub: usize| sub < self.subs.len();
+        for (position, hold) in self.holds.iter().enumerate() {
+            if hold.id as usize != position + 1 {
+                return Err(format!("agent {user_id}: hold {} at position {position}", hold.id));
+            }
+        }
+        for ((order_id, seq), &sub) in &self.sub_index {
+            if self.subs.get(sub).is_none_or(|record| (&record.order_id, record.seq) != (order_id, *seq)) {
+                return Err(format!("agent {user_id}: sub-order {order_id}/{seq} indexed at {sub}"));
+            }
+        }
+        for record in &self.subs {
+            if record.hold_id.is_some_and(|id| id == 0 || id as usize > self.holds.len()) {
+                return Err(format!("agent {user_id}: sub-order {} names a missing hold", record.order_id));
+            }
+        }
+        for card in self.cards.values() {
+            let purposes = card.check.waiting.iter().chain(card.check.in_flight.iter().flat_map(|f| &f.purposes));
+            let details = card.requests.values().filter_map(|request| match &request.kind {
+                RequestKind::Detail { reason: DetailReason::Ifsc { sub }, .. } => Some(*sub),
+                _ => None,
+            });
+            let lines = card.bill.lines_after(None).flat_map(|line| line.used_by.into_iter().chain(line.reserved_by));
+            let subs = card.live_subs.iter().copied().chain(purposes.filter_map(|purpose| purpose.sub));
+            if !subs.chain(details).chain(lines).all(sub_ok) {
+                return Err(format!("agent {user_id}: card {} names a missing sub-order", card.card_id));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
