@@ -4,7 +4,9 @@
 //! A stage partition consumes one totally ordered log of [`StageRecord`]s: inputs routed to it, messages
 //! from other stages and ticks. Its state (the stage's keyed state, its timers, its clock and the
 //! producers' high-water marks) is a pure function of that log, so a runtime restores it by applying the
-//! log again from the start, and the partition produces the same messages and outputs byte for byte.
+//! log again from the start, and the partition produces the same messages and outputs byte for byte. Or
+//! from a snapshot ([`StagePartition::snapshot`], [`StagePartition::restore`], see [`crate::snapshot`]) of
+//! the state at some position of the log, applying only the records after it.
 //! Still pure: no I/O, no OS clock.
 
 use crate::config::Config;
