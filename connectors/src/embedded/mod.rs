@@ -168,7 +168,8 @@ impl Embedded {
         for kind in StageKind::ALL {
             for index in 0..config.partitions {
                 let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
-                let restored = restore(store.as_ref(), &mut partition, config.batch_records_max, &mut observe)?;
+                let restored =
+                    restore(store.as_ref(), &mut partition, &config.engine, config.batch_records_max, &mut observe)?;
                 tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
                 scan_pending(store.as_ref(), &stage_log(kind, index), config.batch_records_max, &mut observe)?;
                 let worker = partitions.len() % config.processing_threads.max(1);
@@ -178,6 +179,8 @@ impl Embedded {
             }
         }
         doorbells.insert(OUTPUTS_LOG.to_string(), Arc::new(Doorbell::default()));
+        // Records before a snapshot are not read again: the store's own record of the largest `at`.
+        let ingested_at_max_ms = ingested_at_max_ms.max(store.ingested_at_max_ms()?.unwrap_or(0));
         let inner = Arc::new(Inner {
             store,
             config,
@@ -511,7 +514,8 @@ impl Inner {
     /// partition.
     fn ingested(&self, input: Input, position: u64) -> Result<Ingested, RuntimeError> {
         let (keys, exclusive_keys) = created_keys(&input.command);
-        Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys })
+        let at_ms = Some(input.at.millis());
+        Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys, at_ms })
     }
 
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {

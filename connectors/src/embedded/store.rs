@@ -254,6 +254,7 @@ mod tests {
                 records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
                 keys: Vec::new(),
                 exclusive_keys: vec![(format!("card:{card}"), user.to_string())],
+                at_ms: None,
             })
         })
     }

@@ -29,6 +29,11 @@ pub struct KafkaConfig {
     /// retryable.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Every how many records of a stage partition's topic its state is written to the compacted
+    /// changelog topic (in the transaction of the batch that crosses the multiple), so a restart replays
+    /// at most this many records per partition. 0: no snapshots (restores replay whole topics).
+    #[serde(default = "default_changelog_every_records")]
+    pub changelog_every_records: u64,
     /// Value schema ids from a Schema Registry (set at start by `serve --schema-registry`, not read from
     /// a file); empty: the embedded schemas' static ids.
     #[serde(skip)]
@@ -41,6 +46,10 @@ fn default_namespace() -> String {
 
 fn default_transactional_id() -> String {
     "paisa-stages-0".to_string()
+}
+
+fn default_changelog_every_records() -> u64 {
+    10_000
 }
 
 fn default_transactions() -> bool {
@@ -60,6 +69,7 @@ impl KafkaConfig {
             transactional_id: default_transactional_id(),
             transactions: default_transactions(),
             request_timeout_ms: default_request_timeout_ms(),
+            changelog_every_records: default_changelog_every_records(),
             schema_ids: super::payload::SchemaIds::default(),
         }
     }

@@ -147,3 +147,25 @@ fn output_from_topic(
         serde_json::from_slice(record_id.ok_or("no record id header")?).map_err(|error| error.to_string())?;
     serde_json::to_vec(&OutputRecord { id, output }).map_err(|error| error.to_string())
 }
+
+/// A partition snapshot as the changelog topic holds it: Avro `ChangelogEntry` (key: the stage log).
+pub fn snapshot_to_topic(log: &str, snapshot: &crate::runtime::Snapshot) -> Result<Vec<u8>, RuntimeError> {
+    let entry = schemas::convert::ChangelogEntry {
+        stage: snapshot.kind,
+        partition: snapshot.partition,
+        key: log.to_string(),
+        version: snapshot.last_offset,
+        state: Some(snapshot.state.clone()),
+    };
+    avro(&entry, schemas::convert::ChangelogEntry::SCHEMA.static_id())
+}
+
+/// A changelog record back as (log, snapshot); None for a tombstone or a record this version cannot
+/// read (restore then replays the whole log).
+pub fn snapshot_from_topic(payload: &[u8]) -> Option<(String, crate::runtime::Snapshot)> {
+    let entry = from_avro::<schemas::convert::ChangelogEntry>(payload, "", &SchemaIds::default()).ok()?;
+    let state = entry.state?;
+    let snapshot =
+        crate::runtime::Snapshot { kind: entry.stage, partition: entry.partition, last_offset: entry.version, state };
+    Some((entry.key, snapshot))
+}

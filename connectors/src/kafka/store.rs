@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 const SINGLE_PARTITION_LOGS: [&str; 2] = [crate::runtime::OUTPUTS_LOG, crate::runtime::DEAD_LETTER_LOG];
 /// The compacted topic of the small tables.
 const STATE_TOPIC_SUFFIX: &str = "state";
+/// The compacted topic of partition snapshots (key: the stage log).
+const CHANGELOG_TOPIC_SUFFIX: &str = "changelog";
 /// Records of the state topic read per poll loop at open (bounded; the loop runs to the end).
 const STATE_RECORDS_PER_READ_MAX: usize = 4096;
 /// Attempts to enqueue one record while the producer's queue is full, polling between them.
@@ -52,6 +54,8 @@ struct Index {
     meta: HashMap<String, String>,
     /// Consumer offsets as the transactions that committed them recorded them (see [`KafkaStore::commit`]).
     offsets: HashMap<String, u64>,
+    /// The largest `at` (ms) of the inputs ingested.
+    at_max_ms: Option<i64>,
     /// The next ingestion position. Positions of an aborted ingestion are never reused (a consumer that
     /// saw its records despite the abort would drop a later input with the same record id).
     ingest_head: u64,
@@ -73,6 +77,8 @@ pub struct KafkaStore {
     /// Committed offsets by consumer, as this instance committed them (the only writer of the group).
     committed: Mutex<HashMap<String, u64>>,
     index: Mutex<Index>,
+    /// The changelog's latest snapshot per stage log, read at the first restore and taken one by one.
+    snapshots: Mutex<Option<HashMap<String, crate::runtime::Snapshot>>>,
 }
 
 fn fatal(error: impl std::fmt::Display) -> RuntimeError {
@@ -127,6 +133,7 @@ impl KafkaStore {
             readers: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             index: Mutex::new(Index::default()),
+            snapshots: Mutex::new(None),
             config,
         };
         store.load_index()?;
@@ -143,6 +150,7 @@ impl KafkaStore {
             topics.push((format!("{}.{log}", config.namespace), 1, false));
         }
         topics.push((format!("{}.{STATE_TOPIC_SUFFIX}", config.namespace), 1, true));
+        topics.push((format!("{}.{CHANGELOG_TOPIC_SUFFIX}", config.namespace), 1, true));
         topics
     }
 
@@ -169,6 +177,36 @@ impl KafkaStore {
             .fetch_watermarks(topic, partition, self.timeout())
             .map_err(|error| kafka_error("watermarks", &error))?;
         Ok(u64::try_from(high).unwrap_or(0))
+    }
+
+    fn changelog_topic(&self) -> String {
+        format!("{}.{CHANGELOG_TOPIC_SUFFIX}", self.config.namespace)
+    }
+
+    /// Reads the changelog topic from its beginning: the latest snapshot of each stage log.
+    fn load_snapshots(&self) -> Result<HashMap<String, crate::runtime::Snapshot>, RuntimeError> {
+        let topic = self.changelog_topic();
+        let reader = consumer(&self.config, &format!("{}.changelog-reader", self.config.namespace))?;
+        let high = self.high_watermark(&topic, 0)?;
+        let mut latest: HashMap<String, crate::runtime::Snapshot> = HashMap::new();
+        let mut next = 0u64;
+        while next < high {
+            assign(&reader, &topic, 0, next)?;
+            let records = poll_records(&reader, STATE_RECORDS_PER_READ_MAX, high, self.timeout())?;
+            let Some(last) = records.last().map(|record| record.offset) else {
+                break;
+            };
+            for record in records {
+                if let Some((log, snapshot)) = super::payload::snapshot_from_topic(&record.payload) {
+                    let newer = latest.get(&log).is_none_or(|known| known.last_offset < snapshot.last_offset);
+                    if newer {
+                        latest.insert(log, snapshot);
+                    }
+                }
+            }
+            next = last + 1;
+        }
+        Ok(latest)
     }
 
     fn state_topic(&self) -> String {
@@ -465,6 +503,11 @@ fn apply_state_entry(index: &mut Index, key: &[u8], value: &[u8]) {
         "meta" => {
             index.meta.insert(name.to_string(), value.to_string());
         }
+        "at_max" => {
+            if let Ok(at) = value.parse::<i64>() {
+                index.at_max_ms = Some(index.at_max_ms.map_or(at, |known| known.max(at)));
+            }
+        }
         "offset" => {
             if let Ok(next) = value.parse::<u64>() {
                 let known = index.offsets.entry(name.to_string()).or_insert(next);
@@ -552,6 +595,16 @@ impl Store for KafkaStore {
         for (consumer, next) in &batch.offsets {
             records.push(self.state_record(format!("offset:{consumer}"), &next.to_string()));
         }
+        for snapshot in &batch.snapshots {
+            let log = crate::runtime::stage_log(snapshot.kind, snapshot.partition);
+            records.push(Outgoing {
+                topic: self.changelog_topic(),
+                partition: 0,
+                key: log.clone().into_bytes(),
+                payload: super::payload::snapshot_to_topic(&log, snapshot)?,
+                headers: Vec::new(),
+            });
+        }
         {
             let committed = lock(&self.committed);
             for (consumer, next) in &batch.offsets {
@@ -575,6 +628,7 @@ impl Store for KafkaStore {
         let mut new_keys: HashMap<String, String> = HashMap::new();
         let mut records = Vec::new();
         let mut head = index.ingest_head;
+        let mut at_max = index.at_max_ms;
         for (request_index, event_id) in event_ids.iter().enumerate() {
             if let Some(position) = index.events.get(*event_id).or_else(|| new_events.get(*event_id)) {
                 outcomes.push(Appended::Duplicate { position: *position });
@@ -583,6 +637,9 @@ impl Store for KafkaStore {
             let position = head;
             head += 1;
             let ingested = encode(request_index, position)?;
+            if let Some(at) = ingested.at_ms {
+                at_max = Some(at_max.map_or(at, |known: i64| known.max(at)));
+            }
             for (key, owner) in ingested.exclusive_keys {
                 match index.keys.get(&key).or_else(|| new_keys.get(&key)) {
                     Some(existing) if *existing != owner => {
@@ -613,11 +670,15 @@ impl Store for KafkaStore {
             return Ok(outcomes);
         }
         records.push(self.state_record("head:ingest".to_string(), &head.to_string()));
+        if let Some(at) = at_max.filter(|at| Some(*at) != index.at_max_ms) {
+            records.push(self.state_record("at_max:ingest".to_string(), &at.to_string()));
+        }
         let result = self.transact(&records, &[]);
         // Whatever the outcome, the positions handed out are not handed out again.
         index.ingest_head = head;
         result?;
         index.events.extend(new_events);
+        index.at_max_ms = at_max;
         for (key, owner) in new_keys {
             index.keys.entry(key).or_insert(owner);
         }
@@ -626,6 +687,22 @@ impl Store for KafkaStore {
 
     fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
         Ok(lock(&self.index).events.get(event_id).copied())
+    }
+
+    fn snapshot_every_records(&self) -> Option<u64> {
+        Some(self.config.changelog_every_records).filter(|every| *every > 0)
+    }
+
+    fn take_snapshot(&self, log: &str) -> Result<Option<crate::runtime::Snapshot>, RuntimeError> {
+        let mut snapshots = lock(&self.snapshots);
+        if snapshots.is_none() {
+            *snapshots = Some(self.load_snapshots()?);
+        }
+        Ok(snapshots.as_mut().and_then(|snapshots| snapshots.remove(log)))
+    }
+
+    fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
+        Ok(lock(&self.index).at_max_ms)
     }
 
     fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {

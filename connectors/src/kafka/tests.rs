@@ -53,6 +53,7 @@ fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) ->
             records: vec![("agent-0".to_string(), tick("ingest", position))],
             keys: vec![(format!("order:{event_id}"), "m1".to_string())],
             exclusive_keys: card.map(|(card, user)| (format!("card:{card}"), user.to_string())).into_iter().collect(),
+            at_ms: Some(1_000),
         })
     })
 }
@@ -439,4 +440,45 @@ fn with_a_schema_registry_records_carry_its_ids_and_still_read_back() {
     drop(store);
     let store = KafkaStore::open(config).expect("reopens with the registry");
     assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1)), (1, tick("ingest", 2))]);
+}
+
+/// The changelog: partitions write snapshots of their state in the transactions of their batches, and a
+/// restart restores each partition from its latest snapshot plus the records after it, to the same state
+/// as applying the whole log.
+#[test]
+fn partitions_restore_from_the_changelog_to_the_same_state() {
+    use crate::runtime::{restore, ClockMode, PipelineHandle};
+    let (mut kafka, _cluster) = mock(2);
+    kafka.changelog_every_records = 3;
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+    let store = KafkaStore::open(kafka.clone()).expect("the store opens");
+    let pipeline = crate::embedded::Embedded::start_on(config.clone(), Box::new(store), None).expect("starts");
+    pipeline.append(scenario_inputs()).expect("appended");
+    wait_quiescent(&pipeline);
+    let before: Vec<((StageKind, u32), Vec<u8>)> = pipeline
+        .inner
+        .partitions
+        .iter()
+        .map(|(key, lock)| (*key, crate::runtime::read_lock(lock).snapshot().expect("a snapshot")))
+        .collect();
+    let document = pipeline.snapshot();
+    pipeline.stop();
+    drop(pipeline);
+    let store = KafkaStore::open(kafka.clone()).expect("the store reopens");
+    let (mut replayed, mut committed) = (0, 0);
+    for ((kind, index), expected) in &before {
+        let log = stage_log(*kind, *index);
+        let mut partition = StagePartition::new(*kind, *index, 2, pipelines::Config::default());
+        replayed += restore(&store, &mut partition, &pipelines::Config::default(), 16, &mut |_| {}).expect("restored");
+        committed += store.committed(&log).expect("an offset");
+        assert_eq!(&partition.snapshot().expect("a snapshot"), expected, "{log} restored to another state");
+    }
+    assert!(replayed < committed, "snapshots were used: {replayed} of {committed} records applied again");
+    drop(store);
+    let store = KafkaStore::open(kafka).expect("the store reopens");
+    let pipeline = crate::embedded::Embedded::start_on(config, Box::new(store), None).expect("restarts");
+    wait_quiescent(&pipeline);
+    assert_eq!(pipeline.snapshot(), document);
+    pipeline.stop();
 }

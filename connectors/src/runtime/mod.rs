@@ -121,6 +121,22 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError>;
     /// Writes a key of a small table, durably.
     fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError>;
+    /// Every how many records of a stage log a snapshot of the partition's state goes into the batch
+    /// that crosses the multiple (None: the store keeps no snapshots; restores replay whole logs).
+    fn snapshot_every_records(&self) -> Option<u64> {
+        None
+    }
+    /// The latest snapshot of the partition consuming `log`, if the store keeps snapshots. Taken once,
+    /// at restore.
+    fn take_snapshot(&self, log: &str) -> Result<Option<Snapshot>, RuntimeError> {
+        let _ = log;
+        Ok(None)
+    }
+    /// The largest `at` (milliseconds) of the inputs ingested, if the store records it (records before
+    /// a snapshot are not read again at restore, so the runtime cannot observe it from them).
+    fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
+        Ok(None)
+    }
     /// Records appended to each (log, consumer) pair's log and not yet consumed, summed. A store that can
     /// read every head and offset in one snapshot overrides this (a batch moving records between two
     /// logs is then never missed by the sum).
@@ -131,6 +147,17 @@ pub trait Store: Send + Sync + 'static {
         }
         Ok(backlog)
     }
+}
+
+/// A stage partition's state after applying its log up to `last_offset` (inclusive), written in the
+/// same commit as that offset (Kafka: to the compacted changelog topic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub kind: pipelines::partition::StageKind,
+    pub partition: u32,
+    pub last_offset: u64,
+    /// [`pipelines::partition::StagePartition::snapshot`].
+    pub state: Vec<u8>,
 }
 
 /// Records as (log, bytes).
@@ -150,6 +177,9 @@ pub struct Ingested {
     /// another owner, the whole ingestion fails with [`RuntimeError::Invalid`] and nothing is appended.
     /// Checked in the ingesting transaction, so two requests racing for one card cannot both pass.
     pub exclusive_keys: KeyOwners,
+    /// The input's `at` in milliseconds (stores that record the largest one, see
+    /// [`Store::ingested_at_max_ms`]).
+    pub at_ms: Option<i64>,
 }
 
 /// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → what
@@ -175,6 +205,8 @@ pub struct WriteBatch {
     /// Keys whose state the batch may have changed (not stored: what a read model projects again once
     /// the batch is committed).
     pub touched: Vec<(pipelines::partition::StageKind, String)>,
+    /// Partition snapshots, each as of the offset committed with it.
+    pub snapshots: Vec<Snapshot>,
 }
 
 /// The log a stage partition consumes.
@@ -288,6 +320,15 @@ pub fn apply_batch<S: Store + ?Sized>(
             }
         }
     }
+    if let Some(every) = store.snapshot_every_records().filter(|every| *every > 0) {
+        // Stateless rule: a snapshot whenever the batch crosses a multiple of `every` offsets.
+        if from / every != (last_offset + 1) / every {
+            let state = read_lock(partition)
+                .snapshot()
+                .map_err(|error| RuntimeError::Fatal(format!("{log}: snapshot: {error}")))?;
+            batch.snapshots.push(Snapshot { kind, partition: index, last_offset, state });
+        }
+    }
     batch.offsets.push((log, last_offset + 1));
     Ok(records.len())
 }
@@ -315,18 +356,32 @@ pub fn commit_applied<S: Store + ?Sized>(
 pub fn restore<S: Store + ?Sized>(
     store: &S,
     partition: &mut pipelines::partition::StagePartition,
+    config: &pipelines::Config,
     records_max: usize,
     observe: &mut dyn FnMut(&pipelines::partition::StageRecord),
 ) -> Result<u64, RuntimeError> {
     let log = stage_log(partition.kind(), partition.partition());
     let committed = store.committed(&log)?;
+    let mut start = 0;
+    // A snapshot is used only if it is within the committed range (a store that shows an aborted
+    // transaction's records would show its snapshot and its offset together, never one alone).
+    if let Some(snapshot) = store.take_snapshot(&log)?.filter(|snapshot| snapshot.last_offset < committed) {
+        match pipelines::partition::StagePartition::restore(&snapshot.state, config.clone()) {
+            Ok(restored) if restored.kind() == partition.kind() && restored.partition() == partition.partition() => {
+                *partition = restored;
+                start = snapshot.last_offset + 1;
+            }
+            Ok(_) => tracing::warn!(log, "a snapshot of another partition; replaying the whole log"),
+            Err(error) => tracing::warn!(log, %error, "an unreadable snapshot; replaying the whole log"),
+        }
+    }
     let mut produced = pipelines::partition::Produced::default();
-    for_each_record(store, &log, 0..committed, records_max, &mut |record| {
+    for_each_record(store, &log, start..committed, records_max, &mut |record| {
         observe(&record);
         partition.apply(record, &mut produced);
         produced.clear();
     })?;
-    Ok(committed)
+    Ok(committed - start)
 }
 
 /// Decodes the records of `log` at `offsets`, in order, reading `records_max` at a time; undecodable
