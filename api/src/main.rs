@@ -51,50 +51,8 @@ enum Commands {
         /// The scenario file.
         file: PathBuf,
     },
-    /// Runs the pipeline on the embedded store behind the HTTP API.
-    Serve {
-        /// The data directory (created if missing; with `--demo`, a fresh temporary one by default).
-        #[arg(long, required_unless_present_any = ["demo", "kafka_brokers"])]
-        data_dir: Option<PathBuf>,
-        /// Where the logs live: the embedded store in `--data-dir`, or Kafka.
-        #[arg(long, value_enum, default_value = "embedded")]
-        profile: Profile,
-        /// Kafka bootstrap servers (`host:port,…`) of `--profile kafka`; `mock` starts librdkafka's
-        /// in-process mock cluster (tests, trying the profile out: nothing survives the process).
-        #[arg(long, required_if_eq("profile", "kafka"))]
-        kafka_brokers: Option<String>,
-        /// With `--profile kafka`: the ScyllaDB node (`host:port`) of the read model the API reads from
-        /// (kept up to date by a projector); `memory` keeps the read model in the process (tests). Without
-        /// it the API reads the stages' state directly.
-        #[arg(long, requires = "kafka_brokers")]
-        scylla_uri: Option<String>,
-        /// The read model's keyspace.
-        #[arg(long, default_value = "paisa")]
-        keyspace: String,
-        /// With `--profile kafka`: a Confluent Schema Registry (`http://host:port`). The topics' value
-        /// schemas are registered at start (a schema the registry finds incompatible stops the start)
-        /// and records carry the ids it gave; without it, the embedded schemas' static ids.
-        #[arg(long, requires = "kafka_brokers")]
-        schema_registry: Option<String>,
-        /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
-        #[arg(long, value_enum, default_value = "system")]
-        clock: Clock,
-        /// Base URL of the statement provider (SPEC §10); without it crawl requests time out (R-CHK-1).
-        #[arg(long)]
-        statement_provider: Option<String>,
-        /// Partitions per stage (fixed when the data directory is created).
-        #[arg(long, default_value_t = 2)]
-        partitions: u32,
-        /// A JSON file of SPEC §8 settings (the keys of a `config` line).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Also runs an in-process wallet simulator and synthetic traffic (short waves: closes within
-        /// a minute).
-        #[arg(long)]
-        demo: bool,
-    },
+    /// Runs the pipeline on the embedded store (or on Kafka) behind the HTTP API.
+    Serve(ServeOptions),
     /// Serves the simulated statement provider over HTTP (SPEC §10).
     WalletSim {
         #[arg(long, default_value = "127.0.0.1:8081")]
@@ -182,35 +140,8 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Commands::Serve {
-            data_dir,
-            profile,
-            kafka_brokers,
-            scylla_uri,
-            keyspace,
-            schema_registry,
-            listen,
-            clock,
-            statement_provider,
-            partitions,
-            config,
-            demo,
-        } => {
+        Commands::Serve(options) => {
             install_tracing();
-            let options = ServeOptions {
-                data_dir,
-                profile,
-                kafka_brokers,
-                scylla_uri,
-                keyspace,
-                schema_registry,
-                listen,
-                clock,
-                statement_provider,
-                partitions,
-                config,
-                demo,
-            };
             exit_on_error("paisa serve", run_async(serve(options)))
         }
         Commands::WalletSim { listen, clock } => {
@@ -366,18 +297,49 @@ fn replay(file: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The arguments of `paisa serve`.
+#[derive(clap::Args)]
 struct ServeOptions {
+    /// The data directory (created if missing; with `--demo`, a fresh temporary one by default).
+    #[arg(long, required_unless_present_any = ["demo", "kafka_brokers"])]
     data_dir: Option<PathBuf>,
+    /// Where the logs live: the embedded store in `--data-dir`, or Kafka.
+    #[arg(long, value_enum, default_value = "embedded")]
     profile: Profile,
+    /// Kafka bootstrap servers (`host:port,…`) of `--profile kafka`; `mock` starts librdkafka's
+    /// in-process mock cluster (tests, trying the profile out: nothing survives the process).
+    #[arg(long, required_if_eq("profile", "kafka"))]
     kafka_brokers: Option<String>,
+    /// With `--profile kafka`: the ScyllaDB node (`host:port`) of the read model the API reads from
+    /// (kept up to date by a projector); `memory` keeps the read model in the process (tests). Without
+    /// it the API reads the stages' state directly.
+    #[arg(long, requires = "kafka_brokers")]
     scylla_uri: Option<String>,
+    /// The read model's keyspace.
+    #[arg(long, default_value = "paisa")]
     keyspace: String,
+    /// With `--profile kafka`: a Confluent Schema Registry (`http://host:port`). The topics' value
+    /// schemas are registered at start (a schema the registry finds incompatible stops the start)
+    /// and records carry the ids it gave; without it, the embedded schemas' static ids.
+    #[arg(long, requires = "kafka_brokers")]
     schema_registry: Option<String>,
+    /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    #[arg(long, value_enum, default_value = "system")]
     clock: Clock,
+    /// Base URL of the statement provider (SPEC §10); without it crawl requests time out (R-CHK-1).
+    #[arg(long)]
     statement_provider: Option<String>,
+    /// Partitions per stage (fixed when the data directory is created).
+    #[arg(long, default_value_t = 2)]
     partitions: u32,
+    /// A JSON file of SPEC §8 settings (the keys of a `config` line).
+    #[arg(long)]
     config: Option<PathBuf>,
+    /// Also runs an in-process wallet simulator and synthetic traffic (short waves: closes within
+    /// a minute).
+    #[arg(long)]
     demo: bool,
 }
 

@@ -207,14 +207,11 @@ impl Projector {
     ) {
         let Some(view) = reads::merchant(inner, merchant_id) else { return };
         writes.push(Write::Merchant { merchant_id: merchant_id.to_string(), version, view });
-        let after = written.merchant_journal_seq.get(merchant_id).copied().unwrap_or(0);
-        if let Some(page) = reads::merchant_journal(inner, merchant_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX) {
-            if let Some(entries) = journal_entries(page.items) {
-                written.merchant_journal_seq.insert(merchant_id.to_string(), entries.last().map_or(after, |e| e.0));
-                writes.push(Write::MerchantJournal { merchant_id: merchant_id.to_string(), entries });
-                if page.next_cursor.is_some() {
-                    self.mark([(StageKind::Merchant, merchant_id.to_string())]);
-                }
+        let page = |after| reads::merchant_journal(inner, merchant_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX);
+        if let Some((entries, more)) = new_journal_entries(&mut written.merchant_journal_seq, merchant_id, page) {
+            writes.push(Write::MerchantJournal { merchant_id: merchant_id.to_string(), entries });
+            if more {
+                self.mark([(StageKind::Merchant, merchant_id.to_string())]);
             }
         }
     }
@@ -230,14 +227,11 @@ impl Projector {
     ) {
         let Some(view) = reads::user(inner, user_id) else { return };
         writes.push(Write::User { user_id: user_id.to_string(), version, view });
-        let after = written.user_journal_seq.get(user_id).copied().unwrap_or(0);
-        if let Some(page) = reads::user_journal(inner, user_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX) {
-            if let Some(entries) = journal_entries(page.items) {
-                written.user_journal_seq.insert(user_id.to_string(), entries.last().map_or(after, |e| e.0));
-                writes.push(Write::UserJournal { user_id: user_id.to_string(), entries });
-                if page.next_cursor.is_some() {
-                    self.mark([(StageKind::Agent, user_id.to_string())]);
-                }
+        let page = |after| reads::user_journal(inner, user_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX);
+        if let Some((entries, more)) = new_journal_entries(&mut written.user_journal_seq, user_id, page) {
+            writes.push(Write::UserJournal { user_id: user_id.to_string(), entries });
+            if more {
+                self.mark([(StageKind::Agent, user_id.to_string())]);
             }
         }
         reads::with_agent(inner, user_id, |agent| {
@@ -252,11 +246,20 @@ impl Projector {
     }
 }
 
-/// Journal items as (seq, entry); None when there are none.
-fn journal_entries(items: Vec<Value>) -> Option<Vec<(u64, Value)>> {
+/// The journal entries of `owner` after the last one written, as (seq, entry), and whether more follow;
+/// remembers the last one. None when there are none.
+fn new_journal_entries(
+    written_seq: &mut HashMap<String, u64>,
+    owner: &str,
+    page: impl FnOnce(u64) -> Option<crate::runtime::Page>,
+) -> Option<(Vec<(u64, Value)>, bool)> {
+    let after = written_seq.get(owner).copied().unwrap_or(0);
+    let page = page(after)?;
     let entries: Vec<(u64, Value)> =
-        items.into_iter().filter_map(|item| item["seq"].as_u64().map(|seq| (seq, item))).collect();
-    (!entries.is_empty()).then_some(entries)
+        page.items.into_iter().filter_map(|item| item["seq"].as_u64().map(|seq| (seq, item))).collect();
+    let last = entries.last()?.0;
+    written_seq.insert(owner.to_string(), last);
+    Some((entries, page.next_cursor.is_some()))
 }
 
 /// Bill lines whose item changed, and removals of lines no longer in the table.

@@ -185,27 +185,14 @@ impl KafkaStore {
 
     /// Reads the changelog topic from its beginning: the latest snapshot of each stage log.
     fn load_snapshots(&self) -> Result<HashMap<String, crate::runtime::Snapshot>, RuntimeError> {
-        let topic = self.changelog_topic();
-        let reader = consumer(&self.config, &format!("{}.changelog-reader", self.config.namespace))?;
-        let high = self.high_watermark(&topic, 0)?;
         let mut latest: HashMap<String, crate::runtime::Snapshot> = HashMap::new();
-        let mut next = 0u64;
-        while next < high {
-            assign(&reader, &topic, 0, next)?;
-            let records = poll_records(&reader, STATE_RECORDS_PER_READ_MAX, high, self.timeout())?;
-            let Some(last) = records.last().map(|record| record.offset) else {
-                break;
-            };
-            for record in records {
-                if let Some((log, snapshot)) = super::payload::snapshot_from_topic(&record.payload) {
-                    let newer = latest.get(&log).is_none_or(|known| known.last_offset < snapshot.last_offset);
-                    if newer {
-                        latest.insert(log, snapshot);
-                    }
+        self.read_to_end(&self.changelog_topic(), "changelog-reader", &mut |record| {
+            if let Some((log, snapshot)) = super::payload::snapshot_from_topic(&record.payload) {
+                if latest.get(&log).is_none_or(|known| known.last_offset < snapshot.last_offset) {
+                    latest.insert(log, snapshot);
                 }
             }
-            next = last + 1;
-        }
+        })?;
         Ok(latest)
     }
 
@@ -219,20 +206,24 @@ impl KafkaStore {
 
     /// Reads the state topic from its beginning into the in-memory index.
     fn load_index(&self) -> Result<(), RuntimeError> {
-        let topic = self.state_topic();
-        let reader = consumer(&self.config, &format!("{}.state-reader", self.config.namespace))?;
-        let high = self.high_watermark(&topic, 0)?;
         let mut index = lock(&self.index);
+        self.read_to_end(&self.state_topic(), "state-reader", &mut |record| {
+            apply_state_entry(&mut index, &record.key, &record.payload)
+        })
+    }
+
+    /// Reads a single-partition topic from its beginning to its high watermark.
+    fn read_to_end(&self, topic: &str, reader: &str, visit: &mut dyn FnMut(Fetched)) -> Result<(), RuntimeError> {
+        let reader = consumer(&self.config, &format!("{}.{reader}", self.config.namespace))?;
+        let high = self.high_watermark(topic, 0)?;
         let mut next = 0u64;
         while next < high {
-            assign(&reader, &topic, 0, next)?;
+            assign(&reader, topic, 0, next)?;
             let records = poll_records(&reader, STATE_RECORDS_PER_READ_MAX, high, self.timeout())?;
             let Some(last) = records.last().map(|record| record.offset) else {
                 break; // only transaction markers (or aborted records) remain
             };
-            for record in records {
-                apply_state_entry(&mut index, &record.key, &record.payload);
-            }
+            records.into_iter().for_each(&mut *visit);
             next = last + 1;
         }
         Ok(())

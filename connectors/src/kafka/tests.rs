@@ -5,7 +5,7 @@ use super::*;
 use crate::runtime::{process_batch, stage_log, Appended, Ingested, OutputRecord, RuntimeError, Store, WriteBatch};
 use crate::runtime::{KeyValueTable, OUTPUTS_LOG};
 use pipelines::input::{parse_line, Parsed};
-use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
+use pipelines::partition::{RecordBody, RecordId, StageKind, StagePartition, StageRecord};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use std::sync::RwLock;
 
@@ -118,18 +118,7 @@ fn ingestion_deduplicates_event_ids_and_guards_cards_across_restarts() {
     assert_eq!(ingest_one(&store, "e6", None).expect("ingested"), vec![Appended::New { position: 3 }]);
 }
 
-/// A recharge of an unknown user: the agent stage answers it with one `command_rejected`.
-fn rejected_recharge() -> StageRecord {
-    let line = r#"{"type":"user_recharge","at":"2026-03-02T09:00:00Z","user_id":"nobody","amount":"5.00","commission":"0.00"}"#;
-    let Ok(Parsed::Input(input)) = parse_line(line, || "e1".to_string()) else { panic!("an input") };
-    let at = input.at;
-    let Routed::Message(message) = route_input(input) else { panic!("routed to a stage") };
-    StageRecord {
-        id: RecordId { source: "ingest".to_string(), offset: 0, index: 0 },
-        at,
-        body: RecordBody::Message { message },
-    }
-}
+use crate::runtime::tests::rejected_recharge;
 
 /// Outputs of the outputs log, with those whose id was seen before dropped (what every consumer does).
 fn distinct_outputs(store: &KafkaStore) -> Vec<OutputRecord> {
@@ -257,8 +246,21 @@ fn admin_init_accepts_existing_topics_and_refuses_another_partition_count() {
 
 /// The first record of a topic partition as stored: its value and its `paisa-record-id` header.
 fn first_raw(config: &KafkaConfig, topic: &str, partition: i32) -> (Vec<u8>, Option<Vec<u8>>) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
+    let message = first_message(config, topic, partition);
+    let header = message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|header| header.key == payload::RECORD_ID_HEADER)
+            .and_then(|header| header.value.map(<[u8]>::to_vec))
+    });
+    (message.payload().unwrap_or_default().to_vec(), header)
+}
+
+/// The first record of a topic partition, read by a plain consumer.
+fn first_message(config: &KafkaConfig, topic: &str, partition: i32) -> rdkafka::message::OwnedMessage {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &config.bootstrap_servers)
         .set("group.id", "inspect")
@@ -268,15 +270,7 @@ fn first_raw(config: &KafkaConfig, topic: &str, partition: i32) -> (Vec<u8>, Opt
     list.add_partition_offset(topic, partition, rdkafka::Offset::Beginning).expect("an assignment");
     consumer.assign(&list).expect("assigned");
     match consumer.poll(std::time::Duration::from_secs(5)) {
-        Some(Ok(message)) => {
-            let header = message.headers().and_then(|headers| {
-                headers
-                    .iter()
-                    .find(|header| header.key == payload::RECORD_ID_HEADER)
-                    .and_then(|header| header.value.map(<[u8]>::to_vec))
-            });
-            (message.payload().unwrap_or_default().to_vec(), header)
-        }
+        Some(Ok(message)) => message.detach(),
         other => panic!("no record on {topic}: {:?}", other.map(|result| result.map(|message| message.offset()))),
     }
 }
@@ -296,7 +290,6 @@ fn produce_poison(config: &KafkaConfig) {
 
 #[test]
 fn a_poison_record_goes_to_the_dead_letter_topic_with_its_origin_and_the_partition_goes_on() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
     let (config, _cluster) = mock(1);
     let store = KafkaStore::open(config.clone()).expect("the store opens");
@@ -314,19 +307,7 @@ fn a_poison_record_goes_to_the_dead_letter_topic_with_its_origin_and_the_partiti
     assert_eq!(store.committed(&log).expect("an offset"), 2, "the poison record did not stop the partition");
     assert_eq!(distinct_outputs(&store).len(), 1, "the record after it was processed");
     // The dead letter: the poison record's bytes, with where it came from and why.
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
-        .set("group.id", "inspect")
-        .create()
-        .expect("a consumer");
-    let mut list = rdkafka::TopicPartitionList::new();
-    list.add_partition_offset("paisa.dead-letters", 0, rdkafka::Offset::Beginning).expect("an assignment");
-    consumer.assign(&list).expect("assigned");
-    let letter = match consumer.poll(std::time::Duration::from_secs(5)) {
-        Some(Ok(message)) => message.detach(),
-        Some(Err(error)) => panic!("{error}"),
-        None => panic!("no dead letter"),
-    };
+    let letter = first_message(&config, "paisa.dead-letters", 0);
     assert_eq!(letter.payload(), Some(&b"\x00\x00\x00\x00\x63garbage"[..]));
     let headers = letter.headers().expect("headers");
     let header = |name: &str| {

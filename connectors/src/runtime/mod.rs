@@ -471,7 +471,7 @@ fn dead_letter(log: &str, offset: u64, payload: &[u8], error: &str, batch: &mut 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::embedded::store::RedbStore;
     use pipelines::input::{parse_line, Parsed};
@@ -519,7 +519,7 @@ mod tests {
     }
 
     /// A recharge of an unknown user: the agent stage answers it with `command_rejected`.
-    fn rejected_recharge() -> StageRecord {
+    pub(crate) fn rejected_recharge() -> StageRecord {
         let line = r#"{"type":"user_recharge","at":"2026-03-02T09:00:00Z","user_id":"nobody","amount":"5.00","commission":"0.00"}"#;
         let Ok(Parsed::Input(input)) = parse_line(line, || "e1".to_string()) else { panic!("an input") };
         let at = input.at;
