@@ -463,3 +463,37 @@ fn partitions_restore_from_the_changelog_to_the_same_state() {
     assert_eq!(pipeline.snapshot(), document);
     pipeline.stop();
 }
+
+/// Brokers answering with retriable errors (a leader that moved, a coordinator loading) while the
+/// pipeline runs: librdkafka's idempotent, transactional producer retries them, and the state is the one
+/// a run without errors reaches — nothing lost, nothing applied twice.
+#[test]
+fn retriable_broker_errors_mid_stream_change_nothing() {
+    use crate::runtime::{ClockMode, PipelineHandle};
+    let run = |inject: bool| {
+        let (kafka, cluster) = mock(2);
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        let store = KafkaStore::open(kafka).expect("the store opens");
+        let pipeline = crate::embedded::Embedded::start_on(config, Box::new(store), None).expect("starts");
+        let inputs = scenario_inputs();
+        let (first, rest) = inputs.split_at(inputs.len() / 2);
+        pipeline.append(first.to_vec()).expect("appended");
+        if inject {
+            use RDKafkaRespErr::*;
+            cluster.request_errors(
+                RDKafkaApiKey::Produce,
+                &[RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT],
+            );
+            cluster.request_errors(RDKafkaApiKey::EndTxn, &[RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS]);
+            cluster.request_errors(RDKafkaApiKey::Fetch, &[RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION]);
+        }
+        pipeline.append(rest.to_vec()).expect("appended despite the errors");
+        wait_quiescent(&pipeline);
+        assert_eq!(pipeline.failure(), None, "the pipeline kept running");
+        let document = pipeline.snapshot();
+        pipeline.stop();
+        document
+    };
+    assert_eq!(run(true), run(false));
+}
