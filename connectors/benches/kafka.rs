@@ -29,6 +29,9 @@ fn run(transactions: bool, inputs: &[pipelines::Input], partitions: u32) -> (usi
         pipeline.append(bulk.to_vec()).expect("appended");
     }
     while pipeline.lag() > 0 {
+        if let Some(failure) = pipeline.failure() {
+            panic!("the pipeline stopped: {failure}");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -40,7 +43,7 @@ fn main() {
     if std::env::args().any(|argument| argument == "--list") {
         return; // `cargo bench --no-run` / test harness probes
     }
-    let agents = env_or("WORKLOAD_AGENTS", 500);
+    let agents = env_or("WORKLOAD_AGENTS", 2_000);
     let rounds = env_or("WORKLOAD_ROUNDS", 2);
     let partitions = env_or("PARTITIONS", 2) as u32;
     let inputs: Vec<_> = pipelines::workload::workload(agents, rounds)

@@ -394,7 +394,8 @@ fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)])
 }
 
 fn fail(inner: &Inner, message: String) {
-    *inner.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
+    // The first failure is the cause; later ones are usually its consequences.
+    inner.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(message);
     inner.ready.store(false, Ordering::SeqCst);
     inner.stopping.store(true, Ordering::SeqCst);
 }

@@ -148,24 +148,84 @@ fn output_from_topic(
     serde_json::to_vec(&OutputRecord { id, output }).map_err(|error| error.to_string())
 }
 
-/// A partition snapshot as the changelog topic holds it: Avro `ChangelogEntry` (key: the stage log).
-pub fn snapshot_to_topic(log: &str, snapshot: &crate::runtime::Snapshot) -> Result<Vec<u8>, RuntimeError> {
-    let entry = schemas::convert::ChangelogEntry {
-        stage: snapshot.kind,
-        partition: snapshot.partition,
-        key: log.to_string(),
-        version: snapshot.last_offset,
-        state: Some(snapshot.state.clone()),
-    };
-    avro(&entry, schemas::convert::ChangelogEntry::SCHEMA.static_id())
+/// Bytes of a snapshot per changelog record at most: a partition's state outgrows Kafka's message
+/// size limit (1 MB by default), so a snapshot is written as numbered chunks.
+pub const SNAPSHOT_CHUNK_BYTES_MAX: usize = 512 * 1024;
+
+/// A partition snapshot as the changelog topic holds it: Avro `ChangelogEntry` records, one per chunk,
+/// as (record key, value). The record key `{log}#{chunk}` is what compaction keeps the latest of; the
+/// entry's `key` field says `{log}#{chunk}/{chunks}` and its `version` the snapshot's last offset, so
+/// chunks of different snapshots are never mixed.
+pub fn snapshot_to_topic(
+    log: &str,
+    snapshot: &crate::runtime::Snapshot,
+) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+    let pieces: Vec<&[u8]> = snapshot.state.chunks(SNAPSHOT_CHUNK_BYTES_MAX).collect();
+    let total = pieces.len().max(1);
+    let mut records = Vec::with_capacity(total);
+    for index in 0..total {
+        let entry = schemas::convert::ChangelogEntry {
+            stage: snapshot.kind,
+            partition: snapshot.partition,
+            key: format!("{log}#{index}/{total}"),
+            version: snapshot.last_offset,
+            state: Some(pieces.get(index).map_or_else(Vec::new, |piece| piece.to_vec())),
+        };
+        let payload = avro(&entry, schemas::convert::ChangelogEntry::SCHEMA.static_id())?;
+        records.push((format!("{log}#{index}"), payload));
+    }
+    Ok(records)
 }
 
-/// A changelog record back as (log, snapshot); None for a tombstone or a record this version cannot
-/// read (restore then replays the whole log).
-pub fn snapshot_from_topic(payload: &[u8]) -> Option<(String, crate::runtime::Snapshot)> {
-    let entry = from_avro::<schemas::convert::ChangelogEntry>(payload, "", &SchemaIds::default()).ok()?;
-    let state = entry.state?;
-    let snapshot =
-        crate::runtime::Snapshot { kind: entry.stage, partition: entry.partition, last_offset: entry.version, state };
-    Some((entry.key, snapshot))
+/// Changelog records gathered while reading the topic: per log, per snapshot (last offset), its chunks.
+#[derive(Default)]
+pub struct SnapshotChunks {
+    by_log: std::collections::HashMap<String, std::collections::BTreeMap<u64, SnapshotParts>>,
+}
+
+struct SnapshotParts {
+    kind: pipelines::partition::StageKind,
+    partition: u32,
+    total: usize,
+    chunks: std::collections::BTreeMap<usize, Vec<u8>>,
+}
+
+impl SnapshotChunks {
+    /// Adds one changelog record; tombstones and records this version cannot read are skipped.
+    pub fn add(&mut self, payload: &[u8]) {
+        let Ok(entry) = from_avro::<schemas::convert::ChangelogEntry>(payload, "", &SchemaIds::default()) else {
+            return;
+        };
+        let Some(state) = entry.state else { return };
+        let Some((log, numbering)) = entry.key.rsplit_once('#') else { return };
+        let Some((index, total)) = numbering.split_once('/') else { return };
+        let (Ok(index), Ok(total)) = (index.parse::<usize>(), total.parse::<usize>()) else { return };
+        if index >= total {
+            return;
+        }
+        let parts = self.by_log.entry(log.to_string()).or_default().entry(entry.version).or_insert(SnapshotParts {
+            kind: entry.stage,
+            partition: entry.partition,
+            total,
+            chunks: std::collections::BTreeMap::new(),
+        });
+        if parts.total == total {
+            parts.chunks.insert(index, state);
+        }
+    }
+
+    /// The latest complete snapshot of each log.
+    pub fn latest(self) -> std::collections::HashMap<String, crate::runtime::Snapshot> {
+        let mut latest = std::collections::HashMap::new();
+        for (log, versions) in self.by_log {
+            let complete = versions.into_iter().rev().find(|(_, parts)| parts.chunks.len() == parts.total);
+            if let Some((last_offset, parts)) = complete {
+                let state = parts.chunks.into_values().flatten().collect();
+                let snapshot =
+                    crate::runtime::Snapshot { kind: parts.kind, partition: parts.partition, last_offset, state };
+                latest.insert(log, snapshot);
+            }
+        }
+        latest
+    }
 }

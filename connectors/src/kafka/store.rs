@@ -185,15 +185,9 @@ impl KafkaStore {
 
     /// Reads the changelog topic from its beginning: the latest snapshot of each stage log.
     fn load_snapshots(&self) -> Result<HashMap<String, crate::runtime::Snapshot>, RuntimeError> {
-        let mut latest: HashMap<String, crate::runtime::Snapshot> = HashMap::new();
-        self.read_to_end(&self.changelog_topic(), "changelog-reader", &mut |record| {
-            if let Some((log, snapshot)) = super::payload::snapshot_from_topic(&record.payload) {
-                if latest.get(&log).is_none_or(|known| known.last_offset < snapshot.last_offset) {
-                    latest.insert(log, snapshot);
-                }
-            }
-        })?;
-        Ok(latest)
+        let mut chunks = super::payload::SnapshotChunks::default();
+        self.read_to_end(&self.changelog_topic(), "changelog-reader", &mut |record| chunks.add(&record.payload))?;
+        Ok(chunks.latest())
     }
 
     fn state_topic(&self) -> String {
@@ -240,11 +234,11 @@ impl KafkaStore {
             producer.commit_transaction(self.timeout()).map_err(|error| kafka_error("committing a transaction", &error))
         });
         if let Err(error) = result {
-            if error.is_retryable() {
-                producer
-                    .abort_transaction(self.timeout())
-                    .map_err(|abort| kafka_error(&format!("aborting after `{error}`"), &abort))?;
-            }
+            // Whatever failed (a record the producer refused, a broker error), the open transaction is
+            // aborted so that the next one can begin; only a producer in a fatal state (fenced) cannot.
+            producer
+                .abort_transaction(self.timeout())
+                .map_err(|abort| kafka_error(&format!("aborting after `{error}`"), &abort))?;
             return Err(error);
         }
         Ok(())
@@ -588,13 +582,10 @@ impl Store for KafkaStore {
         }
         for snapshot in &batch.snapshots {
             let log = crate::runtime::stage_log(snapshot.kind, snapshot.partition);
-            records.push(Outgoing {
-                topic: self.changelog_topic(),
-                partition: 0,
-                key: log.clone().into_bytes(),
-                payload: super::payload::snapshot_to_topic(&log, snapshot)?,
-                headers: Vec::new(),
-            });
+            for (key, payload) in super::payload::snapshot_to_topic(&log, snapshot)? {
+                let topic = self.changelog_topic();
+                records.push(Outgoing { topic, partition: 0, key: key.into_bytes(), payload, headers: Vec::new() });
+            }
         }
         {
             let committed = lock(&self.committed);

@@ -497,3 +497,47 @@ fn retriable_broker_errors_mid_stream_change_nothing() {
     };
     assert_eq!(run(true), run(false));
 }
+
+/// A snapshot larger than Kafka's message limit is written as chunks and read back whole; chunks of an
+/// incomplete later snapshot never mix with a complete earlier one.
+#[test]
+fn snapshots_are_chunked_and_reassembled() {
+    use crate::runtime::Snapshot;
+    let state: Vec<u8> = (0..(payload::SNAPSHOT_CHUNK_BYTES_MAX * 2 + 1000)).map(|byte| (byte % 251) as u8).collect();
+    let snapshot = Snapshot { kind: StageKind::Agent, partition: 1, last_offset: 41, state: state.clone() };
+    let records = payload::snapshot_to_topic("agent-1", &snapshot).expect("encoded");
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|(_, value)| value.len() < 1_000_000), "each chunk fits a Kafka message");
+    let later = Snapshot { last_offset: 90, ..snapshot.clone() };
+    let later_records = payload::snapshot_to_topic("agent-1", &later).expect("encoded");
+    let mut chunks = payload::SnapshotChunks::default();
+    for (_, value) in records.iter().chain(later_records.iter().take(2)) {
+        chunks.add(value);
+    }
+    let latest = chunks.latest();
+    assert_eq!(latest.get("agent-1"), Some(&snapshot), "the incomplete later snapshot is not used");
+    let mut chunks = payload::SnapshotChunks::default();
+    for (_, value) in records.iter().chain(later_records.iter()) {
+        chunks.add(value);
+    }
+    assert_eq!(chunks.latest().get("agent-1"), Some(&later));
+}
+
+/// A record the producer refuses (larger than the message limit) fails its commit, the transaction is
+/// aborted, and the next commit goes through.
+#[test]
+fn a_refused_record_aborts_its_transaction_and_the_store_goes_on() {
+    let (config, _cluster) = mock(1);
+    let store = KafkaStore::open(config).expect("the store opens");
+    let letter = crate::runtime::DeadLetter {
+        log: "agent-0".to_string(),
+        offset: 0,
+        error: "too big".to_string(),
+        payload_hex: "ab".repeat(2_000_000),
+    };
+    let appends = vec![(crate::runtime::DEAD_LETTER_LOG.to_string(), serde_json::to_vec(&letter).expect("json"))];
+    assert!(store.commit(WriteBatch { appends, ..WriteBatch::default() }).is_err());
+    let appends = vec![("agent-0".to_string(), tick("ingest", 1))];
+    store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("the next transaction commits");
+    assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1))]);
+}
