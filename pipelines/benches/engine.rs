@@ -89,7 +89,7 @@ fn configure_allocator() {
 fn bench(criterion: &mut Criterion) {
     configure_allocator();
     let agents = env_or("WORKLOAD_AGENTS", 5_000);
-    let rounds = env_or("WORKLOAD_ROUNDS", 20);
+    let rounds = env_or("WORKLOAD_ROUNDS", 23);
     let inputs = workload(agents, rounds);
     let events = inputs.len();
     eprintln!("workload: {agents} agents, {rounds} rounds, {events} input events");
