@@ -35,11 +35,14 @@ fn layout(log: &str) -> Layout {
 
 /// Schema ids from a Confluent Schema Registry, by topic (`serve --schema-registry`). Without them the
 /// embedded schemas' static ids are written (`schemas::StaticResolver`); either way a reader accepts
-/// both for the schema this version writes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// both for the schema this version writes, and with a registry it fetches any other writer schema by
+/// its id and resolves what it wrote to this version's schema (BACKWARD evolution).
+#[derive(Clone, Debug, Default)]
 pub struct SchemaIds {
     /// Topic name → the id its value schema got.
     pub by_topic: std::collections::BTreeMap<String, u32>,
+    /// Writer schemas fetched from the registry.
+    pub writers: Option<std::sync::Arc<WriterSchemas>>,
 }
 
 impl SchemaIds {
@@ -49,6 +52,55 @@ impl SchemaIds {
 
     fn accepts(&self, topic: &str, name: schemas::SchemaName, id: u32) -> bool {
         id == name.static_id() || self.by_topic.get(topic) == Some(&id)
+    }
+}
+
+/// Writer schemas other versions registered, fetched by id from the registry when a record names one
+/// (rare: during a rolling upgrade), cached.
+#[derive(Debug)]
+pub struct WriterSchemas {
+    registry_url: String,
+    cache: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<apache_avro::Schema>>>,
+}
+
+/// Writer schemas cached at most (the cache starts over beyond: schemas are few).
+const WRITER_SCHEMAS_MAX: usize = 256;
+
+impl WriterSchemas {
+    pub fn new(registry_url: &str) -> WriterSchemas {
+        WriterSchemas { registry_url: registry_url.to_string(), cache: std::sync::Mutex::new(Default::default()) }
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, std::sync::Arc<apache_avro::Schema>>> {
+        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The schema registered under `id`. The fetch runs on a thread of its own with its own runtime, as
+    /// readers run both on plain threads and inside the connector's tokio tasks.
+    fn get(&self, id: u32) -> Result<std::sync::Arc<apache_avro::Schema>, String> {
+        if let Some(schema) = self.cached().get(&id) {
+            return Ok(std::sync::Arc::clone(schema));
+        }
+        let url = self.registry_url.clone();
+        let fetched = std::thread::spawn(move || -> Result<apache_avro::Schema, String> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| error.to_string())?;
+            runtime.block_on(async move {
+                let registry = schemas::RegistryResolver::new(&url).map_err(|error| error.to_string())?;
+                registry.fetch(id).await.map_err(|error| error.to_string())
+            })
+        })
+        .join()
+        .map_err(|_| "the schema fetch panicked".to_string())??;
+        let schema = std::sync::Arc::new(fetched);
+        let mut cache = self.cached();
+        if cache.len() >= WRITER_SCHEMAS_MAX {
+            cache.clear();
+        }
+        cache.insert(id, std::sync::Arc::clone(&schema));
+        Ok(schema)
     }
 }
 
@@ -64,7 +116,8 @@ pub async fn register_schemas(registry_url: &str, topics: &[(String, bool)]) -> 
         }
     };
     let registry = schemas::RegistryResolver::new(registry_url).map_err(fail)?;
-    let mut ids = SchemaIds::default();
+    let mut ids =
+        SchemaIds { writers: Some(std::sync::Arc::new(WriterSchemas::new(registry_url))), ..SchemaIds::default() };
     for (topic, is_outputs) in topics {
         let name = if *is_outputs { schemas::SchemaName::Output } else { schemas::SchemaName::StageRecord };
         let definition = schemas::embedded(name).map_err(fail)?;
@@ -111,9 +164,16 @@ pub fn to_topic(log: &str, topic: &str, json: Vec<u8>, ids: &SchemaIds) -> Resul
 
 fn from_avro<T: AvroRecord>(payload: &[u8], topic: &str, ids: &SchemaIds) -> Result<T, String> {
     let definition = schemas::embedded(T::SCHEMA).map_err(|error| error.to_string())?;
-    let (_, value) =
-        schemas::wire::decode(payload, |id| ids.accepts(topic, T::SCHEMA, id).then(|| definition.schema()), None)
-            .map_err(|error| error.to_string())?;
+    let (id, body) = schemas::wire::unframe(payload).map_err(|error| error.to_string())?;
+    let value = if ids.accepts(topic, T::SCHEMA, id) {
+        schemas::wire::decode_body(id, body, definition.schema(), None)
+    } else if let Some(writers) = &ids.writers {
+        let writer = writers.get(id)?;
+        schemas::wire::decode_body(id, body, &writer, Some(definition.schema()))
+    } else {
+        return Err(format!("schema id {id} is not this version's and no registry is configured"));
+    }
+    .map_err(|error| error.to_string())?;
     T::from_avro(value).map_err(|error| error.to_string())
 }
 

@@ -374,22 +374,57 @@ fn a_read_model_rebuilt_from_the_topics_equals_the_live_one() {
 /// A Schema Registry on loopback answering `POST /subjects/{subject}/versions` with an id per schema
 /// (`StageRecord` 101, `Output` 102), counting registrations.
 async fn fake_registry(registered: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> String {
-    use axum::routing::post;
-    let app = axum::Router::new().route(
-        "/subjects/{subject}/versions",
-        post(move |axum::extract::Path(subject): axum::extract::Path<String>, body: String| {
-            let registered = std::sync::Arc::clone(&registered);
-            async move {
-                registered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let id = if body.contains("in.paisa.v1") && subject.ends_with(".outputs-value") { 102 } else { 101 };
-                axum::Json(serde_json::json!({ "id": id }))
-            }
-        }),
-    );
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route(
+            "/subjects/{subject}/versions",
+            post(move |axum::extract::Path(subject): axum::extract::Path<String>, body: String| {
+                let registered = std::sync::Arc::clone(&registered);
+                async move {
+                    registered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let id =
+                        if body.contains("in.paisa.v1") && subject.ends_with(".outputs-value") { 102 } else { 101 };
+                    axum::Json(serde_json::json!({ "id": id }))
+                }
+            }),
+        )
+        .route(
+            "/schemas/ids/{id}",
+            get(|axum::extract::Path(id): axum::extract::Path<u32>| async move {
+                match id {
+                    EVOLVED_STAGE_RECORD_ID => Ok(axum::Json(serde_json::json!({ "schema": evolved_stage_record() }))),
+                    _ => Err(axum::http::StatusCode::NOT_FOUND),
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
     let address = listener.local_addr().expect("an address");
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{address}")
+}
+
+/// The id a newer version's `StageRecord` schema got in the fake registry.
+const EVOLVED_STAGE_RECORD_ID: u32 = 200;
+
+/// `StageRecord` as a newer version writes it: one more field, optional with a default (BACKWARD).
+fn evolved_stage_record() -> String {
+    let mut schema: serde_json::Value =
+        serde_json::from_str(schemas::SchemaName::StageRecord.text()).expect("the embedded schema is JSON");
+    let field = serde_json::json!({"name": "trace_id", "type": ["null", "string"], "default": null});
+    schema["fields"].as_array_mut().expect("a record's fields").push(field);
+    schema.to_string()
+}
+
+/// A tick record framed with the evolved schema's id, as a newer version writes it.
+fn evolved_tick(offset: u64) -> Vec<u8> {
+    use schemas::convert::AvroRecord;
+    let record: StageRecord = serde_json::from_slice(&tick("ingest", offset)).expect("a record");
+    let apache_avro::types::Value::Record(mut fields) = record.to_avro().expect("to Avro") else { panic!("a record") };
+    let trace = apache_avro::types::Value::Union(1, Box::new(apache_avro::types::Value::String("t-1".to_string())));
+    fields.push(("trace_id".to_string(), trace));
+    let schema = apache_avro::Schema::parse_str(&evolved_stage_record()).expect("the evolved schema parses");
+    let body = apache_avro::to_avro_datum(&schema, apache_avro::types::Value::Record(fields)).expect("encodes");
+    schemas::wire::frame(EVOLVED_STAGE_RECORD_ID, &body)
 }
 
 #[test]
@@ -540,4 +575,28 @@ fn a_refused_record_aborts_its_transaction_and_the_store_goes_on() {
     let appends = vec![("agent-0".to_string(), tick("ingest", 1))];
     store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("the next transaction commits");
     assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1))]);
+}
+
+/// A record written by a newer version (a schema id this version never registered) is read by fetching
+/// the writer's schema from the registry and resolving it to this version's; without a registry the
+/// same record is dead-lettered as unreadable.
+#[test]
+fn a_record_of_a_newer_schema_is_read_through_the_registry() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let registered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let registry = runtime.block_on(fake_registry(registered));
+    let (mut config, _cluster) = mock(1);
+    let producer: BaseProducer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", &config.bootstrap_servers).create().expect("a producer");
+    producer.send(BaseRecord::<(), [u8]>::to("paisa.agent").partition(0).payload(&evolved_tick(5))).expect("sent");
+    producer.flush(std::time::Duration::from_secs(5)).expect("flushed");
+    let without = KafkaStore::open(config.clone()).expect("the store opens");
+    let unread = read_all(&without, "agent-0");
+    assert!(serde_json::from_slice::<StageRecord>(&unread[0].1).is_err(), "no registry: not readable");
+    drop(without);
+    config.schema_ids =
+        runtime.block_on(payload::register_schemas(&registry, &config.avro_topics())).expect("registered");
+    let store = KafkaStore::open(config).expect("the store opens");
+    assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 5))], "resolved to this version's schema");
 }
