@@ -153,11 +153,35 @@ impl Projector {
         let result = self.project(inner, &keys);
         if let Err(error) = &result {
             if error.is_retryable() {
+                // What the failed write carried is not in the model: forget having written it, so the
+                // retry writes these keys' journals, bill lines, sub-orders and reviews again.
+                self.forget(&keys);
                 self.mark(keys);
             }
         }
         self.in_flight.store(0, std::sync::atomic::Ordering::SeqCst);
         result.map(|()| true)
+    }
+
+    fn forget(&self, keys: &[(StageKind, String)]) {
+        let mut written = lock(&self.written);
+        for (kind, key) in keys {
+            match kind {
+                StageKind::Agent => {
+                    written.user_journal_seq.remove(key);
+                    written.bill_lines.remove(key);
+                    written.reviewing.remove(key);
+                }
+                StageKind::Merchant => {
+                    written.merchant_journal_seq.remove(key);
+                }
+                StageKind::Order => {}
+            }
+        }
+        // Which sub-orders and cards the failed write covered is not kept per key: all are written
+        // again when their agents are next projected.
+        written.sub_orders.clear();
+        written.card_owners.clear();
     }
 
     /// The version of a projection starting now (see the module's comment).
@@ -412,5 +436,130 @@ impl crate::runtime::PipelineHandle for ReadModelPipeline {
     }
     fn merchant_of_key(&self, key_sha256_hex: &str) -> Option<String> {
         self.pipeline.merchant_of_key(key_sha256_hex)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{ClockMode, PipelineHandle};
+    use crate::scylla::{MemoryReadModel, OrderRow, ReadModelError, Row, PAGE_ITEMS_MAX};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// The in-memory model, whose every third write fails as retryable (a ScyllaDB timeout) before
+    /// writing anything.
+    struct Flaky {
+        model: MemoryReadModel,
+        writes: AtomicUsize,
+        failed: AtomicUsize,
+    }
+
+    impl ReadModel for Flaky {
+        fn write(&self, writes: Vec<Write>) -> Result<(), ReadModelError> {
+            if self.writes.fetch_add(1, Ordering::SeqCst) % 3 == 1 {
+                self.failed.fetch_add(1, Ordering::SeqCst);
+                return Err(ReadModelError::Retryable("timed out".to_string()));
+            }
+            self.model.write(writes)
+        }
+        fn order(&self, order_id: &str) -> Result<Option<OrderRow>, ReadModelError> {
+            self.model.order(order_id)
+        }
+        fn user(&self, user_id: &str) -> Result<Option<Row>, ReadModelError> {
+            self.model.user(user_id)
+        }
+        fn user_journal(
+            &self,
+            user_id: &str,
+            after: u64,
+            limit: usize,
+        ) -> Result<crate::runtime::Page, ReadModelError> {
+            self.model.user_journal(user_id, after, limit)
+        }
+        fn merchant(&self, merchant_id: &str) -> Result<Option<Row>, ReadModelError> {
+            self.model.merchant(merchant_id)
+        }
+        fn merchant_journal(
+            &self,
+            merchant_id: &str,
+            after: u64,
+            limit: usize,
+        ) -> Result<crate::runtime::Page, ReadModelError> {
+            self.model.merchant_journal(merchant_id, after, limit)
+        }
+        fn bill_table(
+            &self,
+            user_id: &str,
+            cursor: Option<&str>,
+            limit: usize,
+        ) -> Result<crate::runtime::Page, ReadModelError> {
+            self.model.bill_table(user_id, cursor, limit)
+        }
+        fn review_queue(&self, cursor: Option<&str>, limit: usize) -> Result<crate::runtime::Page, ReadModelError> {
+            self.model.review_queue(cursor, limit)
+        }
+        fn card_owner(&self, card_id: &str) -> Result<Option<String>, ReadModelError> {
+            self.model.card_owner(card_id)
+        }
+        fn progress(&self, consumer: &str) -> Result<Option<u64>, ReadModelError> {
+            self.model.progress(consumer)
+        }
+    }
+
+    fn inputs() -> Vec<pipelines::Input> {
+        pipelines::workload::workload(20, 2)
+            .into_iter()
+            .filter(|input| !input.command.type_name().starts_with("wallet_"))
+            .collect()
+    }
+
+    /// Writes that fail retryably are retried whole: the model ends equal to the stages' own reads.
+    #[test]
+    fn failed_read_model_writes_are_written_again() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = super::super::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        let store = crate::embedded::store::RedbStore::open(directory.path()).expect("the store opens");
+        let flaky = Arc::new(Flaky {
+            model: MemoryReadModel::new(PAGE_ITEMS_MAX),
+            writes: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+        });
+        let model: Arc<dyn ReadModel> = flaky.clone();
+        let pipeline = super::super::Embedded::start_on(config, Box::new(store), Some(Arc::clone(&model)))
+            .expect("the pipeline starts");
+        let inputs = inputs();
+        for bulk in inputs.chunks(50) {
+            pipeline.append(bulk.to_vec()).expect("appended");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while pipeline.lag() > 0 {
+            assert!(std::time::Instant::now() < deadline, "the pipeline did not become quiescent");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(flaky.failed.load(Ordering::SeqCst) > 0, "some writes failed");
+        let served = ReadModelPipeline::new(pipeline.clone(), model);
+        let snapshot = pipeline.snapshot();
+        let mut compared = 0;
+        for order_id in snapshot["orders"].as_object().expect("orders").keys() {
+            assert_eq!(served.order(order_id), pipeline.order(order_id), "order {order_id}");
+            compared += 1;
+        }
+        for user_id in snapshot["users"].as_object().expect("users").keys() {
+            assert_eq!(served.user(user_id), pipeline.user(user_id), "user {user_id}");
+            assert_eq!(served.user_journal(user_id, 0, 1_000), pipeline.user_journal(user_id, 0, 1_000));
+            assert_eq!(served.user_bill_table(user_id, None, 1_000), pipeline.user_bill_table(user_id, None, 1_000));
+            compared += 1;
+        }
+        for merchant_id in snapshot["merchants"].as_object().expect("merchants").keys() {
+            assert_eq!(served.merchant(merchant_id), pipeline.merchant(merchant_id));
+            assert_eq!(
+                served.merchant_journal(merchant_id, 0, 1_000),
+                pipeline.merchant_journal(merchant_id, 0, 1_000)
+            );
+        }
+        assert_eq!(served.review_queue(None, 1_000), pipeline.review_queue(None, 1_000));
+        assert!(compared > 40, "the workload has orders and agents: {compared}");
+        pipeline.stop();
     }
 }
