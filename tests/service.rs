@@ -186,6 +186,18 @@ fn assert_same_state(served: Value, replayed: Value) {
     }
 }
 
+/// u1's bill table of the spaced scenario, a line per page: T1 paid o1, T2 paid p1, and no third page.
+fn assert_bill_table_pages(base: &str) {
+    let first = admin_get(base, "/v1/users/u1/bill-table?limit=1");
+    assert_eq!(first["items"][0]["txn_id"], "T1");
+    assert_eq!(first["items"][0]["matched_to"], "o1:1");
+    let cursor = first["next_cursor"].as_str().expect("a second page");
+    let second = admin_get(base, &format!("/v1/users/u1/bill-table?limit=1&cursor={cursor}"));
+    assert_eq!(second["items"][0]["txn_id"], "T2");
+    assert_eq!(second["items"][0]["matched_to"], "p1:1");
+    assert_eq!(second["next_cursor"], Value::Null);
+}
+
 #[test]
 fn the_api_answers_what_replay_computes() {
     let wallet_sim = start_wallet_sim();
@@ -205,14 +217,7 @@ fn the_api_answers_what_replay_computes() {
     assert_eq!(balance["available"], replayed["users"]["u1"]["available"]);
     assert_eq!(balance["frozen"], replayed["users"]["u1"]["frozen"]);
     // The bill table: every line fetched, with the sub-order it paid, paged by cursor.
-    let first = admin_get(&serve.base, "/v1/users/u1/bill-table?limit=1");
-    assert_eq!(first["items"][0]["txn_id"], "T1");
-    assert_eq!(first["items"][0]["matched_to"], "o1:1");
-    let cursor = first["next_cursor"].as_str().expect("a second page");
-    let second = admin_get(&serve.base, &format!("/v1/users/u1/bill-table?limit=1&cursor={cursor}"));
-    assert_eq!(second["items"][0]["txn_id"], "T2");
-    assert_eq!(second["items"][0]["matched_to"], "p1:1");
-    assert_eq!(second["next_cursor"], Value::Null);
+    assert_bill_table_pages(&serve.base);
     let merchant = admin_get(&serve.base, "/v1/merchants/m1/balance");
     assert_eq!(merchant["available"], replayed["merchants"]["m1"]["available"]);
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);
@@ -267,13 +272,7 @@ fn on_kafka_the_api_answers_what_replay_computes() {
         assert_eq!(journal["items"], expected["journal"], "merchant {merchant_id}: journal from the read model");
     }
     // The bill table, paged by cursor, from the read model.
-    let first = admin_get(&serve.base, "/v1/users/u1/bill-table?limit=1");
-    assert_eq!(first["items"][0]["txn_id"], "T1");
-    assert_eq!(first["items"][0]["matched_to"], "o1:1");
-    let cursor = first["next_cursor"].as_str().expect("a second page");
-    let second = admin_get(&serve.base, &format!("/v1/users/u1/bill-table?limit=1&cursor={cursor}"));
-    assert_eq!(second["items"][0]["txn_id"], "T2");
-    assert_eq!(second["next_cursor"], serde_json::Value::Null);
+    assert_bill_table_pages(&serve.base);
 }
 
 #[test]

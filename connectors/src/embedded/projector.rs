@@ -89,22 +89,7 @@ impl Projector {
 
     /// Every key in the partitions' state (at start: the read model may be behind).
     pub(super) fn mark_all(&self, inner: &Inner) {
-        let mut keys = Vec::new();
-        for lock in inner.partitions.values() {
-            let partition = crate::runtime::read_lock(lock);
-            match partition.state() {
-                pipelines::partition::StageState::Order(stage) => {
-                    keys.extend(stage.orders.keys().map(|key| (StageKind::Order, key.clone())))
-                }
-                pipelines::partition::StageState::Agent(stage) => {
-                    keys.extend(stage.agents.keys().map(|key| (StageKind::Agent, key.clone())))
-                }
-                pipelines::partition::StageState::Merchant(stage) => {
-                    keys.extend(stage.merchants.keys().map(|key| (StageKind::Merchant, key.clone())))
-                }
-            }
-        }
-        self.mark(keys);
+        self.mark(reads::all_keys(inner));
     }
 
     /// Keys marked and not yet projected (0: the read model shows every committed batch).

@@ -220,6 +220,22 @@ pub(super) fn with_agent(inner: &Inner, user_id: &str, visit: impl FnOnce(&Agent
     }
 }
 
+/// Every key in the partitions' state, as (stage, key).
+pub(super) fn all_keys(inner: &Inner) -> Vec<(StageKind, String)> {
+    let mut keys = Vec::new();
+    for lock in inner.partitions.values() {
+        let partition = read_lock(lock);
+        match partition.state() {
+            StageState::Order(stage) => keys.extend(stage.orders.keys().map(|key| (StageKind::Order, key.clone()))),
+            StageState::Agent(stage) => keys.extend(stage.agents.keys().map(|key| (StageKind::Agent, key.clone()))),
+            StageState::Merchant(stage) => {
+                keys.extend(stage.merchants.keys().map(|key| (StageKind::Merchant, key.clone())))
+            }
+        }
+    }
+    keys
+}
+
 pub(super) fn card_owner(inner: &Inner, card_id: &str) -> Option<String> {
     all_guards(inner, StageKind::Agent)
         .iter()

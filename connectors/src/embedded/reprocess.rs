@@ -7,7 +7,7 @@
 use super::{Embedded, EmbeddedConfig};
 use crate::runtime::{Page, RuntimeError, Store};
 use crate::scylla::{ReadModel, ReadModelError};
-use pipelines::partition::{StageKind, StageState};
+use pipelines::partition::StageKind;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -41,7 +41,7 @@ pub fn rebuild(
 /// Compares the rows of every key of `rebuilt`'s state in `fresh` (the rebuild) and `live`.
 pub fn compare(rebuilt: &Embedded, fresh: &dyn ReadModel, live: &dyn ReadModel) -> Result<Comparison, ReadModelError> {
     let mut comparison = Comparison::default();
-    for (kind, key) in keys(rebuilt) {
+    for (kind, key) in super::reads::all_keys(&rebuilt.inner) {
         let (fresh_row, live_row) = match kind {
             StageKind::Order => (
                 fresh.order(&key)?.map(|row| (row.version, row.view)),
@@ -133,20 +133,4 @@ fn all_items(mut read: impl FnMut(Option<&str>) -> Result<Page, ReadModelError>)
         }
     }
     Ok(items)
-}
-
-/// Every key of the restored state.
-fn keys(pipeline: &Embedded) -> Vec<(StageKind, String)> {
-    let mut keys = Vec::new();
-    for lock in pipeline.inner.partitions.values() {
-        let partition = crate::runtime::read_lock(lock);
-        match partition.state() {
-            StageState::Order(stage) => keys.extend(stage.orders.keys().map(|key| (StageKind::Order, key.clone()))),
-            StageState::Agent(stage) => keys.extend(stage.agents.keys().map(|key| (StageKind::Agent, key.clone()))),
-            StageState::Merchant(stage) => {
-                keys.extend(stage.merchants.keys().map(|key| (StageKind::Merchant, key.clone())))
-            }
-        }
-    }
-    keys
 }

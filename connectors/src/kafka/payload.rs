@@ -22,13 +22,14 @@ pub const DEAD_LETTER_HEADERS: [&str; 4] = ["source-topic", "source-partition", 
 enum Layout {
     StageRecord,
     Output,
-    Raw,
+    /// The poison record's own bytes, with headers saying where it came from and why.
+    DeadLetter,
 }
 
 fn layout(log: &str) -> Layout {
     match log {
         OUTPUTS_LOG => Layout::Output,
-        DEAD_LETTER_LOG => Layout::Raw,
+        DEAD_LETTER_LOG => Layout::DeadLetter,
         _ => Layout::StageRecord,
     }
 }
@@ -145,9 +146,16 @@ fn avro<T: AvroRecord>(value: &T, schema_id: u32) -> Result<Vec<u8>, RuntimeErro
 }
 
 /// Converts a record the runtime encoded (JSON) into what the log's topic holds.
-pub fn to_topic(log: &str, topic: &str, json: Vec<u8>, ids: &SchemaIds) -> Result<TopicRecord, RuntimeError> {
+/// `locate` gives the topic partition of a log (a dead letter names its source by log).
+pub fn to_topic(
+    log: &str,
+    topic: &str,
+    json: Vec<u8>,
+    ids: &SchemaIds,
+    locate: impl Fn(&str) -> Result<(String, i32), RuntimeError>,
+) -> Result<TopicRecord, RuntimeError> {
     match layout(log) {
-        Layout::Raw => Ok(TopicRecord { payload: json, headers: Vec::new() }),
+        Layout::DeadLetter => dead_letter_to_topic(json, locate),
         Layout::StageRecord => {
             let record: StageRecord = serde_json::from_slice(&json).map_err(encoding)?;
             let id = ids.id(topic, StageRecord::SCHEMA);
@@ -160,6 +168,30 @@ pub fn to_topic(log: &str, topic: &str, json: Vec<u8>, ids: &SchemaIds) -> Resul
             Ok(TopicRecord { payload: avro(&record.output, id)?, headers: vec![(RECORD_ID_HEADER, record_id)] })
         }
     }
+}
+
+/// A dead letter of the runtime (JSON, the poison record in hex) as its own bytes with its origin in
+/// headers; a letter that does not decode is kept as it is.
+fn dead_letter_to_topic(
+    json: Vec<u8>,
+    locate: impl Fn(&str) -> Result<(String, i32), RuntimeError>,
+) -> Result<TopicRecord, RuntimeError> {
+    let Ok(letter) = serde_json::from_slice::<crate::runtime::DeadLetter>(&json) else {
+        return Ok(TopicRecord { payload: json, headers: Vec::new() });
+    };
+    let (source_topic, source_partition) = locate(&letter.log)?;
+    let values = [
+        source_topic.into_bytes(),
+        source_partition.to_string().into_bytes(),
+        letter.offset.to_string().into_bytes(),
+        letter.error.into_bytes(),
+    ];
+    let headers = DEAD_LETTER_HEADERS.into_iter().zip(values).collect();
+    Ok(TopicRecord { payload: from_hex(&letter.payload_hex), headers })
+}
+
+fn from_hex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2).filter_map(|index| u8::from_str_radix(hex.get(index * 2..index * 2 + 2)?, 16).ok()).collect()
 }
 
 fn from_avro<T: AvroRecord>(payload: &[u8], topic: &str, ids: &SchemaIds) -> Result<T, String> {
@@ -182,7 +214,7 @@ fn from_avro<T: AvroRecord>(payload: &[u8], topic: &str, ids: &SchemaIds) -> Res
 /// it is: the runtime cannot decode it either and moves it to the dead-letter log.
 pub fn from_topic(log: &str, topic: &str, payload: Vec<u8>, record_id: Option<&[u8]>, ids: &SchemaIds) -> Vec<u8> {
     let converted = match layout(log) {
-        Layout::Raw => return payload,
+        Layout::DeadLetter => return payload,
         Layout::StageRecord => from_avro::<StageRecord>(&payload, topic, ids)
             .and_then(|record| serde_json::to_vec(&record).map_err(|error| error.to_string())),
         Layout::Output => output_from_topic(&payload, topic, record_id, ids),

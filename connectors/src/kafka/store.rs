@@ -252,13 +252,18 @@ impl KafkaStore {
         records: &[Outgoing],
         offsets: &[(String, u64)],
     ) -> Result<(), RuntimeError> {
-        self.enqueue(producer, records)?;
-        self.wait_delivered(producer)?;
+        self.produce(producer, records)?;
         if offsets.is_empty() {
             return Ok(());
         }
         let list = self.offset_list(offsets)?;
         self.group.commit(&list, CommitMode::Sync).map_err(|error| kafka_error("committing offsets", &error))
+    }
+
+    /// Produces the records and waits until the brokers acknowledged every one.
+    fn produce(&self, producer: &BaseProducer, records: &[Outgoing]) -> Result<(), RuntimeError> {
+        self.enqueue(producer, records)?;
+        self.wait_delivered(producer)
     }
 
     /// Waits until every queued record is acknowledged. (rdkafka's `flush` polls in steps of 100 ms,
@@ -294,8 +299,7 @@ impl KafkaStore {
         records: &[Outgoing],
         offsets: &[(String, u64)],
     ) -> Result<(), RuntimeError> {
-        self.enqueue(producer, records)?;
-        self.wait_delivered(producer)?;
+        self.produce(producer, records)?;
         if !offsets.is_empty() {
             let list = self.offset_list(offsets)?;
             let metadata = self
@@ -349,31 +353,13 @@ impl KafkaStore {
         }
     }
 
-    /// A record of the runtime for `log`, in the topic's format (see [`super::payload`]); a dead letter
-    /// becomes the poison record's own bytes with headers saying where it came from and why.
+    /// A record of the runtime for `log`, in the topic's format (see [`super::payload`]).
     fn outgoing(&self, log: &str, bytes: Vec<u8>) -> Result<Outgoing, RuntimeError> {
         let (topic, partition) = self.locate(log)?;
-        if log == crate::runtime::DEAD_LETTER_LOG {
-            if let Ok(letter) = serde_json::from_slice::<crate::runtime::DeadLetter>(&bytes) {
-                let (source_topic, source_partition) = self.locate(&letter.log)?;
-                let values = [
-                    source_topic.into_bytes(),
-                    source_partition.to_string().into_bytes(),
-                    letter.offset.to_string().into_bytes(),
-                    letter.error.into_bytes(),
-                ];
-                let headers = super::payload::DEAD_LETTER_HEADERS.into_iter().zip(values).collect();
-                let payload = from_hex(&letter.payload_hex);
-                return Ok(Outgoing { topic, partition, key: Vec::new(), payload, headers });
-            }
-        }
-        let converted = super::payload::to_topic(log, &topic, bytes, &self.config.schema_ids)?;
+        let converted =
+            super::payload::to_topic(log, &topic, bytes, &self.config.schema_ids, |source| self.locate(source))?;
         Ok(Outgoing { topic, partition, key: Vec::new(), payload: converted.payload, headers: converted.headers })
     }
-}
-
-fn from_hex(hex: &str) -> Vec<u8> {
-    (0..hex.len() / 2).filter_map(|index| u8::from_str_radix(hex.get(index * 2..index * 2 + 2)?, 16).ok()).collect()
 }
 
 /// The log a consumer reads: stage partitions consume their own log, the connector the outputs log.
