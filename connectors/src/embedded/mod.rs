@@ -14,8 +14,8 @@ pub mod reprocess;
 pub mod store;
 
 use crate::runtime::{
-    apply_batch, commit_applied, encode, for_each_record, read_lock, restore, stage_log, Appended, ClockMode, Ingested,
-    KeyOwners, KeyValueTable, PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
+    apply_batch, commit_applied, encode, for_each_record, read_lock, restore, stage_log, Appended, AssignmentListener,
+    ClockMode, Ingested, KeyOwners, KeyValueTable, PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
@@ -62,6 +62,12 @@ impl EmbeddedConfig {
 /// Partitions per stage at most (each is a thread).
 pub const PARTITIONS_MAX: u32 = 64;
 
+/// How long a processing thread with nothing to do waits for its doorbell before reading again.
+const IDLE_WAIT_MS: u64 = 200;
+/// The same, for an instance sharing the partitions: records other instances append ring nothing here,
+/// so this is how soon they are seen.
+const SHARED_IDLE_WAIT_MS: u64 = 20;
+
 /// The source of the records an ingested input becomes (their offset is its ingestion position).
 const INGEST_SOURCE: &str = "ingest";
 /// The source of the ticker's ticks.
@@ -107,6 +113,15 @@ pub(crate) struct Inner {
     pub(crate) connector_attached: AtomicBool,
     /// Keeps a read model up to date (the Kafka + ScyllaDB profile), when one is attached.
     pub(crate) projector: Option<Arc<projector::Projector>>,
+    /// The logs this instance processes, when instances share the partitions ([`Store::join`]); None:
+    /// every one. Changed only under `gate`'s write lock.
+    assigned: Option<RwLock<std::collections::BTreeSet<String>>>,
+    /// Held (read) by a processing round from its first read to its commit, and (write) by a change of
+    /// assignment: a revocation returns only once no round is in flight.
+    gate: RwLock<()>,
+    /// Records applied again to restore partitions the group assigned, and the records those partitions
+    /// had committed (the difference came from snapshots), summed over every take-over.
+    taken_over_records: Mutex<(u64, u64)>,
 }
 
 /// A running embedded pipeline.
@@ -151,6 +166,14 @@ impl Embedded {
         }
         let store: Box<dyn Store> = store;
         check_settings(store.as_ref(), config.partitions, &config.engine)?;
+        let shared = store.shares_partitions();
+        if shared && read_model.is_some() {
+            // Its views join state of several stages (an order's sub-orders live in the agent stage),
+            // which an instance sharing the partitions does not all hold.
+            return Err(RuntimeError::Fatal(
+                "a read model is not supported yet with instances sharing the stage partitions".to_string(),
+            ));
+        }
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
         // The logs one processing thread consumes share its doorbell (assigned as `worker_partitions`).
@@ -168,10 +191,18 @@ impl Embedded {
         for kind in StageKind::ALL {
             for index in 0..config.partitions {
                 let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
-                let restored =
-                    restore(store.as_ref(), &mut partition, &config.engine, config.batch_records_max, &mut observe)?;
-                tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
-                scan_pending(store.as_ref(), &stage_log(kind, index), config.batch_records_max, &mut observe)?;
+                // Shared partitions are restored when the group assigns them.
+                if !shared {
+                    let restored = restore(
+                        store.as_ref(),
+                        &mut partition,
+                        &config.engine,
+                        config.batch_records_max,
+                        &mut observe,
+                    )?;
+                    tracing::info!(stage = kind.name(), partition = index, records = restored, "restored");
+                    scan_pending(store.as_ref(), &stage_log(kind, index), config.batch_records_max, &mut observe)?;
+                }
                 let worker = partitions.len() % config.processing_threads.max(1);
                 partitions.insert((kind, index), Arc::new(RwLock::new(partition)));
                 let doorbell = worker_doorbells.entry(worker).or_insert_with(|| Arc::new(Doorbell::default()));
@@ -192,6 +223,9 @@ impl Embedded {
             ingested_at_max_ms: AtomicI64::new(ingested_at_max_ms),
             connector_attached: AtomicBool::new(false),
             projector: read_model.map(|model| Arc::new(projector::Projector::new(model))),
+            assigned: shared.then(|| RwLock::new(std::collections::BTreeSet::new())),
+            gate: RwLock::new(()),
+            taken_over_records: Mutex::new((0, 0)),
         });
         if let Some(projector) = &inner.projector {
             projector.mark_all(&inner);
@@ -233,6 +267,15 @@ impl Embedded {
                 .map_err(|error| RuntimeError::Fatal(format!("spawning the projector: {error}")))?;
             threads.push(thread);
         }
+        let listener: Arc<dyn AssignmentListener> = Arc::new(Assignments { inner: Arc::downgrade(&self.inner) });
+        if let Some(member) = self.inner.store.join(listener)? {
+            let inner = Arc::clone(&self.inner);
+            let thread = std::thread::Builder::new()
+                .name("group-member".to_string())
+                .spawn(move || stop_on_panic(&inner, "group-member", || run_member(&inner, member)))
+                .map_err(|error| RuntimeError::Fatal(format!("spawning the group member: {error}")))?;
+            threads.push(thread);
+        }
         let inner = Arc::clone(&self.inner);
         let ticker = std::thread::Builder::new()
             .name("ticker".to_string())
@@ -250,6 +293,17 @@ impl Embedded {
             owned[position % workers].push((Arc::clone(partition), stage_log(kind, index)));
         }
         owned
+    }
+
+    /// The logs this instance processes, when instances share the stage partitions (None: every one).
+    pub fn assigned_logs(&self) -> Option<Vec<String>> {
+        self.inner.assigned.as_ref().map(|assigned| read_lock(assigned).iter().cloned().collect())
+    }
+
+    /// Records applied again to restore the partitions the group assigned this instance, and the records
+    /// those partitions had committed (the rest came from changelog snapshots), summed over take-overs.
+    pub fn taken_over_records(&self) -> (u64, u64) {
+        *self.inner.taken_over_records.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The failure that stopped processing, if any (the service exits on it and a restart recovers).
@@ -355,9 +409,11 @@ fn check_setting(store: &dyn Store, key: &str, value: &str) -> Result<(), Runtim
 /// records in small groups). A failure after a batch was applied in memory stops the service; the next
 /// start rebuilds state from the logs.
 fn run_worker(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)], doorbell: &Doorbell) {
+    // Commits of this instance ring the doorbell; another instance's (sharing the partitions) do not.
+    let idle_wait_ms = if inner.assigned.is_some() { SHARED_IDLE_WAIT_MS } else { IDLE_WAIT_MS };
     while !inner.stopping.load(Ordering::SeqCst) {
         match process_round(inner, owned) {
-            Ok(0) => doorbell.wait(Duration::from_millis(200)),
+            Ok(0) => doorbell.wait(Duration::from_millis(idle_wait_ms)),
             Ok(_) => {}
             Err(error) => {
                 tracing::error!(%error, "processing stopped");
@@ -370,9 +426,13 @@ fn run_worker(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)], do
 
 /// Applies one batch of every owned partition and commits them together; returns the records consumed.
 fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)]) -> Result<usize, RuntimeError> {
+    let _gate = read_lock(&inner.gate);
     let mut batch = WriteBatch::default();
     let mut consumed = 0;
     for (partition, log) in owned {
+        if !inner.is_assigned(log) {
+            continue;
+        }
         consumed += apply_batch(
             inner.store.as_ref(),
             partition,
@@ -400,6 +460,71 @@ fn fail(inner: &Inner, message: String) {
     inner.stopping.store(true, Ordering::SeqCst);
 }
 
+/// Serves the group until the pipeline stops, then leaves it (the partitions are revoked first).
+fn run_member(inner: &Inner, mut member: Box<dyn crate::runtime::GroupMember>) {
+    while !inner.stopping.load(Ordering::SeqCst) {
+        if let Err(error) = member.poll(Duration::from_millis(100)) {
+            tracing::error!(%error, "the group member stopped");
+            fail(inner, format!("group member: {error}"));
+        }
+    }
+    member.leave();
+}
+
+/// Applies the group's decisions about this instance's partitions (see [`AssignmentListener`]).
+struct Assignments {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl AssignmentListener for Assignments {
+    fn revoked(&self, logs: &[String]) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        // Waits for the round in flight of every processing thread: it commits before this returns.
+        let _gate = crate::runtime::write_lock(&inner.gate);
+        if let Some(assigned) = &inner.assigned {
+            crate::runtime::write_lock(assigned).retain(|log| !logs.contains(log));
+        }
+    }
+
+    fn assigned(&self, logs: &[String]) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        if let Err(error) = take_over(&inner, logs) {
+            tracing::error!(%error, "taking over partitions");
+            fail(&inner, format!("taking over partitions: {error}"));
+        }
+    }
+}
+
+/// Makes `logs` this instance's whole assignment: each partition restored from what was committed (by
+/// whichever instance owned it), every other partition emptied (its state is another instance's).
+fn take_over(inner: &Inner, logs: &[String]) -> Result<(), RuntimeError> {
+    if let Some(assigned) = &inner.assigned {
+        let _gate = crate::runtime::write_lock(&inner.gate);
+        crate::runtime::write_lock(assigned).clear();
+    }
+    inner.store.forget(logs)?;
+    let config = &inner.config;
+    for (&(kind, index), slot) in &inner.partitions {
+        let log = stage_log(kind, index);
+        let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
+        if logs.contains(&log) {
+            let restored =
+                restore(inner.store.as_ref(), &mut partition, &config.engine, config.batch_records_max, &mut |_| {})?;
+            let committed = inner.store.committed(&log)?;
+            tracing::info!(log, records = restored, committed, "partition taken over");
+            let mut counts = inner.taken_over_records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            *counts = (counts.0 + restored, counts.1 + committed);
+        }
+        *crate::runtime::write_lock(slot) = partition;
+    }
+    if let Some(assigned) = &inner.assigned {
+        let _gate = crate::runtime::write_lock(&inner.gate);
+        *crate::runtime::write_lock(assigned) = logs.iter().cloned().collect();
+    }
+    ring(inner, logs);
+    Ok(())
+}
+
 /// Appends a `tick` to every partition with a timer due (SPEC §3: timers fire on quiet partitions).
 fn run_ticker(inner: &Inner) {
     // The id of the last tick appended to each partition.
@@ -416,7 +541,15 @@ fn run_ticker(inner: &Inner) {
 pub(crate) fn ticker_now_ms(inner: &Inner) -> i64 {
     match inner.config.clock {
         ClockMode::System => system_now().millis(),
-        ClockMode::Event => inner.ingested_at_max_ms.load(Ordering::SeqCst),
+        ClockMode::Event => {
+            if inner.assigned.is_some() {
+                // Sharing the partitions, another instance may be the one ingesting: the store knows.
+                if let Ok(Some(at_ms)) = inner.store.ingested_at_max_ms() {
+                    inner.ingested_at_max_ms.fetch_max(at_ms, Ordering::SeqCst);
+                }
+            }
+            inner.ingested_at_max_ms.load(Ordering::SeqCst)
+        }
     }
 }
 
@@ -425,7 +558,8 @@ pub(crate) fn partitions_due(inner: &Inner, now_ms: i64) -> u64 {
     let due = |partition: &RwLock<StagePartition>| {
         read_lock(partition).next_timer_due().is_some_and(|due| due.millis() <= now_ms)
     };
-    inner.partitions.values().filter(|partition| due(partition)).count() as u64
+    let assigned = |&(kind, index): &(StageKind, u32)| inner.is_assigned(&stage_log(kind, index));
+    inner.partitions.iter().filter(|(key, partition)| assigned(key) && due(partition)).count() as u64
 }
 
 /// The id of the next tick for a partition that last applied tick `applied` and was last sent tick
@@ -447,6 +581,9 @@ fn tick(
     let mut batch = WriteBatch::default();
     let mut sent = Vec::new();
     for (&(kind, index), partition) in &inner.partitions {
+        if !inner.is_assigned(&stage_log(kind, index)) {
+            continue;
+        }
         let (due, applied) = {
             let partition = read_lock(partition);
             (partition.next_timer_due(), partition.last_applied(TICKER_SOURCE))
@@ -511,6 +648,11 @@ pub fn system_now() -> Timestamp {
 }
 
 impl Inner {
+    /// Whether this instance processes `log` (always, unless instances share the partitions).
+    fn is_assigned(&self, log: &str) -> bool {
+        self.assigned.as_ref().is_none_or(|assigned| read_lock(assigned).contains(log))
+    }
+
     /// Encodes an input as the records it becomes: one for its stage partition, or a tick for every
     /// partition.
     fn ingested(&self, input: Input, position: u64) -> Result<Ingested, RuntimeError> {

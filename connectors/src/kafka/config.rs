@@ -34,6 +34,16 @@ pub struct KafkaConfig {
     /// at most this many records per partition. 0: no snapshots (restores replay whole topics).
     #[serde(default = "default_changelog_every_records")]
     pub changelog_every_records: u64,
+    /// Whether this instance shares the stage partitions with others: it joins the consumer group
+    /// `{namespace}.stages` and processes only the partitions the group assigns it, restoring each from
+    /// the changelog and its topic when it arrives. Every instance then needs its own
+    /// `transactional_id`. Off: this instance processes every partition.
+    #[serde(default)]
+    pub group_member: bool,
+    /// `session.timeout.ms` of the group membership: an instance silent this long loses its partitions
+    /// to the others (heartbeats go every third of it).
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
     /// Value schema ids from a Schema Registry (set at start by `serve --schema-registry`, not read from
     /// a file); empty: the embedded schemas' static ids.
     #[serde(skip)]
@@ -49,6 +59,10 @@ fn default_transactional_id() -> String {
 }
 
 fn default_changelog_every_records() -> u64 {
+    10_000
+}
+
+fn default_session_timeout_ms() -> u64 {
     10_000
 }
 
@@ -70,6 +84,8 @@ impl KafkaConfig {
             transactions: default_transactions(),
             request_timeout_ms: default_request_timeout_ms(),
             changelog_every_records: default_changelog_every_records(),
+            group_member: false,
+            session_timeout_ms: default_session_timeout_ms(),
             schema_ids: super::payload::SchemaIds::default(),
         }
     }

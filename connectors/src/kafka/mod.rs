@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod group;
 pub mod payload;
 pub mod store;
 

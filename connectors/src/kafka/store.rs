@@ -20,7 +20,7 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Logs that are one topic with one partition (everything else is a stage topic partition).
@@ -59,6 +59,8 @@ struct Index {
     /// The next ingestion position. Positions of an aborted ingestion are never reused (a consumer that
     /// saw its records despite the abort would drop a later input with the same record id).
     ingest_head: u64,
+    /// The offset of the state topic read next (the index follows the topic from there).
+    next_offset: u64,
 }
 
 /// A consumer reading one log, kept assigned so that librdkafka prefetches what comes next.
@@ -79,6 +81,11 @@ pub struct KafkaStore {
     index: Mutex<Index>,
     /// The changelog's latest snapshot per stage log, read at the first restore and taken one by one.
     snapshots: Mutex<Option<HashMap<String, crate::runtime::Snapshot>>>,
+    /// The reader following the state topic (kept assigned between reads).
+    state_reader: Mutex<Option<Reader>>,
+    /// The group member, when this instance shares the stage partitions: its group metadata (generation)
+    /// goes with the offsets of every transaction, so a broker fences a member the group moved on from.
+    member: Mutex<Option<Arc<super::group::MemberConsumer>>>,
 }
 
 fn fatal(error: impl std::fmt::Display) -> RuntimeError {
@@ -134,9 +141,11 @@ impl KafkaStore {
             committed: Mutex::new(HashMap::new()),
             index: Mutex::new(Index::default()),
             snapshots: Mutex::new(None),
+            state_reader: Mutex::new(None),
+            member: Mutex::new(None),
             config,
         };
-        store.load_index()?;
+        store.tail_index()?;
         Ok(store)
     }
 
@@ -198,12 +207,43 @@ impl KafkaStore {
         Duration::from_millis(self.config.request_timeout_ms)
     }
 
-    /// Reads the state topic from its beginning into the in-memory index.
-    fn load_index(&self) -> Result<(), RuntimeError> {
+    /// Reads the state topic into the in-memory index, from where the last read stopped to the end
+    /// (at open: all of it; an instance sharing the partitions reads what the others wrote since).
+    fn tail_index(&self) -> Result<(), RuntimeError> {
+        let topic = self.state_topic();
+        let high = self.high_watermark(&topic, 0)?;
         let mut index = lock(&self.index);
-        self.read_to_end(&self.state_topic(), "state-reader", &mut |record| {
-            apply_state_entry(&mut index, &record.key, &record.payload)
-        })
+        let mut state_reader = lock(&self.state_reader);
+        while index.next_offset < high {
+            let reader = match state_reader.as_mut() {
+                Some(reader) => reader,
+                None => {
+                    let consumer = consumer(&self.config, &format!("{}.state-reader", self.config.namespace))?;
+                    state_reader.insert(Reader { consumer, next: u64::MAX })
+                }
+            };
+            if reader.next != index.next_offset {
+                assign(&reader.consumer, &topic, 0, index.next_offset)?;
+            }
+            let records = poll_records(&reader.consumer, STATE_RECORDS_PER_READ_MAX, high, self.timeout())?;
+            let Some(last) = records.last().map(|record| record.offset) else {
+                reader.next = u64::MAX;
+                break; // only transaction markers (or aborted records) remain
+            };
+            for record in records {
+                apply_state_entry(&mut index, &record.key, &record.payload);
+            }
+            index.next_offset = last + 1;
+            reader.next = last + 1;
+        }
+        Ok(())
+    }
+
+    /// The next offset of a consumer as far as this instance knows: its own commits, or what the state
+    /// topic says another instance committed.
+    fn known_committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
+        let recorded = lock(&self.index).offsets.get(consumer).copied().unwrap_or(0);
+        Ok(self.committed(consumer)?.max(recorded))
     }
 
     /// Reads a single-partition topic from its beginning to its high watermark.
@@ -302,10 +342,12 @@ impl KafkaStore {
         self.produce(producer, records)?;
         if !offsets.is_empty() {
             let list = self.offset_list(offsets)?;
-            let metadata = self
-                .group
-                .group_metadata()
-                .ok_or_else(|| RuntimeError::Fatal("the consumer group has no metadata".to_string()))?;
+            let member = lock(&self.member).clone();
+            let metadata = match &member {
+                Some(member) => member.group_metadata(),
+                None => self.group.group_metadata(),
+            }
+            .ok_or_else(|| RuntimeError::Fatal("the consumer group has no metadata".to_string()))?;
             producer
                 .send_offsets_to_transaction(&list, &metadata, self.timeout())
                 .map_err(|error| kafka_error("sending offsets to the transaction", &error))?;
@@ -414,6 +456,7 @@ fn poll_records(
 ) -> Result<Vec<Fetched>, RuntimeError> {
     let mut records: Vec<Fetched> = Vec::new();
     let deadline = Instant::now() + wait;
+    let mut end_reports = 0;
     while records.len() < records_max {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -421,6 +464,10 @@ fn poll_records(
         }
         match consumer.poll(remaining.min(Duration::from_millis(100))) {
             None => continue,
+            // The first end-of-partition report of a read that found nothing may be stale: queued when
+            // the consumer last reached the end, before the records below `high` arrived. The next
+            // fetch either brings them or reports the end again (records skipped as aborted).
+            Some(Err(KafkaError::PartitionEOF(_))) if records.is_empty() && end_reports == 0 => end_reports += 1,
             Some(Err(KafkaError::PartitionEOF(_))) => break,
             Some(Err(error)) => return Err(kafka_error("reading a log", &error)),
             Some(Ok(message)) => {
@@ -670,7 +717,51 @@ impl Store for KafkaStore {
     }
 
     fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
+        if self.config.group_member {
+            self.tail_index()?; // another instance may be the one ingesting
+        }
         Ok(lock(&self.index).at_max_ms)
+    }
+
+    /// Sharing the partitions, the offsets of logs another instance consumes are read from the state
+    /// topic (this instance's cache only knows its own commits).
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+        if self.config.group_member {
+            self.tail_index()?;
+        }
+        let mut backlog = 0u64;
+        for (log, consumer) in pairs {
+            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(self.known_committed(consumer)?));
+        }
+        Ok(backlog)
+    }
+
+    fn shares_partitions(&self) -> bool {
+        self.config.group_member
+    }
+
+    fn join(
+        &self,
+        listener: Arc<dyn crate::runtime::AssignmentListener>,
+    ) -> Result<Option<Box<dyn crate::runtime::GroupMember>>, RuntimeError> {
+        if !self.config.group_member {
+            return Ok(None);
+        }
+        let consumer = super::group::subscribe(&self.config, listener)?;
+        *lock(&self.member) = Some(Arc::clone(&consumer));
+        Ok(Some(Box::new(super::group::KafkaMember { consumer })))
+    }
+
+    /// Reads what other instances wrote to the state topic since (their offsets), and drops the
+    /// committed offsets and snapshots this instance cached for the logs.
+    fn forget(&self, logs: &[String]) -> Result<(), RuntimeError> {
+        self.tail_index()?;
+        let mut committed = lock(&self.committed);
+        for log in logs {
+            committed.remove(log);
+        }
+        *lock(&self.snapshots) = None;
+        Ok(())
     }
 
     fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {

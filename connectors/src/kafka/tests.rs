@@ -600,3 +600,120 @@ fn a_record_of_a_newer_schema_is_read_through_the_registry() {
     let store = KafkaStore::open(config).expect("the store opens");
     assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 5))], "resolved to this version's schema");
 }
+
+/// The non-wallet inputs of a generated workload (agents, merchants, collections, payouts; no provider
+/// answers them, so checks go unanswered and timers close what they close).
+fn workload_inputs(agents: usize, rounds: usize) -> Vec<pipelines::Input> {
+    pipelines::workload::workload(agents, rounds)
+        .into_iter()
+        .filter(|input| !input.command.type_name().starts_with("wallet_"))
+        .collect()
+}
+
+/// What `paisa replay` computes for the inputs without a statement provider: the SPEC §9 document.
+fn replayed(inputs: &[pipelines::Input]) -> serde_json::Value {
+    let mut engine = pipelines::Engine::new(pipelines::Config::default(), None);
+    for input in inputs {
+        engine.apply(input.clone());
+    }
+    if let Some(last) = inputs.last() {
+        engine.advance_to(last.at);
+    }
+    serde_json::to_value(engine.document()).expect("a document")
+}
+
+/// Waits until the instances' assignments are disjoint, none is empty, and together they hold every
+/// stage partition; returns them.
+fn wait_for_assignment(instances: &[&crate::embedded::Embedded], partitions: u32) -> Vec<Vec<String>> {
+    let every: std::collections::BTreeSet<String> =
+        StageKind::ALL.into_iter().flat_map(|kind| (0..partitions).map(move |index| stage_log(kind, index))).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let assignments: Vec<Vec<String>> =
+            instances.iter().map(|instance| instance.assigned_logs().expect("a shared store")).collect();
+        let union: std::collections::BTreeSet<String> = assignments.iter().flatten().cloned().collect();
+        let total: usize = assignments.iter().map(Vec::len).sum();
+        if union == every && total == every.len() && assignments.iter().all(|logs| !logs.is_empty()) {
+            return assignments;
+        }
+        assert!(std::time::Instant::now() < deadline, "no complete assignment: {assignments:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The document with its outputs in a canonical order: stage partitions emit concurrently, so the
+/// outputs log holds them in commit order, not replay's.
+fn comparable(mut document: serde_json::Value) -> serde_json::Value {
+    if let Some(outputs) = document.get_mut("outputs").and_then(serde_json::Value::as_array_mut) {
+        outputs.sort_by_cached_key(|output| output.to_string());
+    }
+    document
+}
+
+/// Appends the inputs one at a time through the first instance, each once every instance is quiescent
+/// (SPEC §3: a consumer of several logs interleaves them by timing; spaced inputs leave it one order).
+fn feed(instances: &[&crate::embedded::Embedded], inputs: &[pipelines::Input]) {
+    use crate::runtime::PipelineHandle;
+    for input in inputs {
+        instances[0].append(vec![input.clone()]).expect("appended");
+        for instance in instances {
+            wait_quiescent(instance);
+        }
+    }
+}
+
+/// Two instances share the stage partitions through the consumer group `paisa.stages`. The second one
+/// joining takes some of them over (restored from the changelog and their topics) and processes them;
+/// leaving, it hands them back (revoked after its last commit) and the first restores them in turn. The
+/// state at the end is the one replay computes, and the two instances never held the same agent.
+#[test]
+fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog() {
+    use crate::runtime::{ClockMode, PipelineHandle};
+    let partitions = 3;
+    let (mut kafka, _cluster) = mock(partitions);
+    kafka.group_member = true;
+    kafka.session_timeout_ms = 3_000;
+    kafka.changelog_every_records = 7;
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let mut config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+    config.partitions = partitions;
+    config.tick_interval_ms = 10;
+    let start = |transactional_id: &str| {
+        let mut kafka = kafka.clone();
+        kafka.transactional_id = transactional_id.to_string();
+        let store = KafkaStore::open(kafka).expect("the store opens");
+        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), None).expect("the instance starts")
+    };
+    let inputs = workload_inputs(8, 2);
+    let third = inputs.len() / 3;
+    let first = start("paisa-stages-a");
+    wait_for_assignment(&[&first], partitions);
+    feed(&[&first], &inputs[..third]);
+
+    let second = start("paisa-stages-b");
+    let assignments = wait_for_assignment(&[&first, &second], partitions);
+    let (replayed_records, committed_records) = second.taken_over_records();
+    assert!(
+        replayed_records < committed_records,
+        "the partitions came from the changelog: {replayed_records} of {committed_records} records applied again"
+    );
+    feed(&[&first, &second], &inputs[third..2 * third]);
+    // Each instance holds the agents of its own agent partitions, and only those.
+    let users = |instance: &crate::embedded::Embedded| -> std::collections::BTreeSet<String> {
+        instance.snapshot()["users"].as_object().expect("users").keys().cloned().collect()
+    };
+    let (users_first, users_second) = (users(&first), users(&second));
+    assert!(
+        !users_first.is_empty() && !users_second.is_empty(),
+        "both instances hold agents: {assignments:?} {users_first:?} {users_second:?}"
+    );
+    assert!(users_first.is_disjoint(&users_second), "an agent held twice: {users_first:?} {users_second:?}");
+
+    second.stop();
+    drop(second);
+    wait_for_assignment(&[&first], partitions);
+    feed(&[&first], &inputs[2 * third..]);
+    let (actual, expected) = (comparable(first.snapshot()), comparable(replayed(&inputs)));
+    assert_eq!(actual, expected, "the state after two rebalances is replay's");
+    first.stop();
+}

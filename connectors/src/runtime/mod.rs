@@ -147,6 +147,45 @@ pub trait Store: Send + Sync + 'static {
         }
         Ok(backlog)
     }
+    /// Whether several instances share the stage partitions through this store, each processing only
+    /// the partitions [`Store::join`] assigns it (false: this instance processes every partition).
+    fn shares_partitions(&self) -> bool {
+        false
+    }
+    /// Joins the group of instances sharing the stage partitions. The member tells `listener` of every
+    /// change of this instance's partitions while it is polled. None when the store is not shared.
+    fn join(
+        &self,
+        listener: std::sync::Arc<dyn AssignmentListener>,
+    ) -> Result<Option<Box<dyn GroupMember>>, RuntimeError> {
+        let _ = listener;
+        Ok(None)
+    }
+    /// Logs this instance is about to take over: what the store remembers of them (committed offsets,
+    /// snapshots) may have been written by another instance since, and is read again.
+    fn forget(&self, logs: &[String]) -> Result<(), RuntimeError> {
+        let _ = logs;
+        Ok(())
+    }
+}
+
+/// What a shared store's group tells the runtime about this instance's stage partitions (by log).
+/// Called from [`GroupMember::poll`], before it returns.
+pub trait AssignmentListener: Send + Sync {
+    /// The logs go to another instance: stop processing them, and return only once every batch applied
+    /// to them is committed (the next owner restores from what was committed).
+    fn revoked(&self, logs: &[String]);
+    /// The logs are this instance's now (the whole assignment; logs not in it are not): restore their
+    /// partitions from what was committed and process them.
+    fn assigned(&self, logs: &[String]);
+}
+
+/// This instance's membership in a shared store's group.
+pub trait GroupMember: Send {
+    /// Serves the group for up to `timeout` (a rebalance runs the listener's calls within it).
+    fn poll(&mut self, timeout: std::time::Duration) -> Result<(), RuntimeError>;
+    /// Leaves the group, giving the partitions back first (the listener's `revoked` runs).
+    fn leave(self: Box<Self>);
 }
 
 /// A stage partition's state after applying its log up to `last_offset` (inclusive), written in the
