@@ -106,30 +106,14 @@ pub fn order_view<'a>(order: &'a MainOrder, agent: impl Fn(&str) -> Option<&'a A
     let mut debt_batches = Vec::new();
     let mut settled = true;
     for reference in &order.sub_orders {
-        let Some(agent) = agent(&reference.user_id) else {
+        let Some(part) =
+            agent(&reference.user_id).and_then(|agent| sub_order_part(agent, &order.order_id, reference.seq))
+        else {
             continue;
         };
-        let Some(&index) = agent.sub_index.get(&(order.order_id.clone(), reference.seq)) else {
-            continue;
-        };
-        let sub = &agent.subs[index];
-        if let Some(hold_id) = sub.hold_id {
-            let hold = agent.hold(hold_id);
-            debt_batches.extend(hold.debt_batches.iter());
-            settled &= hold.state != HoldState::Deferred;
-        }
-        sub_orders.push(SubOrderView {
-            seq: sub.seq,
-            user_id: &agent.user_id,
-            card_id: &sub.card_id,
-            state: sub.state,
-            flags: sub.flags.iter().copied().collect(),
-            utrs: &sub.utrs,
-            matched_txn_ids: &sub.matched_txn_ids,
-            paid_total: sub.paid_total,
-            matched: sub.matched.as_ref(),
-            timeline: sub.timeline.entries.iter().collect(),
-        });
+        debt_batches.extend(part.debt_batches);
+        settled &= part.settled;
+        sub_orders.push(part.view);
     }
     OrderView {
         kind: order.kind,
@@ -141,6 +125,45 @@ pub fn order_view<'a>(order: &'a MainOrder, agent: impl Fn(&str) -> Option<&'a A
         debt_batches,
         sub_orders,
     }
+}
+
+/// What one sub-order adds to its order's view: everything the agent stage holds about it. A read model
+/// whose rows each belong to one stage partition keeps it as a row of its own and joins it to the
+/// order's row when read (see [`order_view`], which joins them in memory).
+#[derive(Debug, Serialize)]
+pub struct SubOrderPart<'a> {
+    pub view: SubOrderView<'a>,
+    /// Its hold's deferred-debit batches (R-DEBT-2).
+    pub debt_batches: Vec<&'a DebtBatch>,
+    /// Whether its hold owes nothing deferred.
+    pub settled: bool,
+}
+
+/// The part of order `order_id`'s view that sub-order `seq`, held by `agent`, contributes; None if the
+/// agent holds no such sub-order.
+pub fn sub_order_part<'a>(agent: &'a Agent, order_id: &str, seq: u32) -> Option<SubOrderPart<'a>> {
+    let &index = agent.sub_index.get(&(order_id.to_string(), seq))?;
+    let sub = &agent.subs[index];
+    let (debt_batches, settled) = match sub.hold_id {
+        Some(hold_id) => {
+            let hold = agent.hold(hold_id);
+            (hold.debt_batches.iter().collect(), hold.state != HoldState::Deferred)
+        }
+        None => (Vec::new(), true),
+    };
+    let view = SubOrderView {
+        seq: sub.seq,
+        user_id: &agent.user_id,
+        card_id: &sub.card_id,
+        state: sub.state,
+        flags: sub.flags.iter().copied().collect(),
+        utrs: &sub.utrs,
+        matched_txn_ids: &sub.matched_txn_ids,
+        paid_total: sub.paid_total,
+        matched: sub.matched.as_ref(),
+        timeline: sub.timeline.entries.iter().collect(),
+    };
+    Some(SubOrderPart { view, debt_batches, settled })
 }
 
 /// The merchant view.

@@ -6,8 +6,10 @@
 //! version with the same content (the stages are deterministic).
 //!
 //! An agent's views are the costly ones (journal, bill table, sub-orders): the projector remembers what
-//! it wrote (journal heads, a fingerprint per bill line and per sub-order) and writes what changed. A
-//! sub-order that changed makes its order's view stale too (it shows the sub-orders' timelines).
+//! it wrote (journal heads, a fingerprint per bill line and per sub-order) and writes what changed. Each
+//! row holds the state of one stage partition: an order's row is the order stage's part of its view, and
+//! each sub-order's part (the agent stage's) is a row of its own, joined to it when read
+//! (`crate::scylla::join_order`).
 
 use super::reads;
 use super::{Doorbell, Inner};
@@ -35,7 +37,7 @@ struct Written {
     merchant_journal_seq: HashMap<String, u64>,
     /// Per agent: bill line key → fingerprint of the item written.
     bill_lines: HashMap<String, BTreeMap<BillLineKey, u64>>,
-    /// (order id, seq) → fingerprint of the sub-order.
+    /// (order id, seq) → fingerprint of the sub-order's part of its order's view.
     sub_orders: HashMap<(String, u32), u64>,
     /// Per agent: sub-orders written to the review queue.
     reviewing: HashMap<String, BTreeSet<(String, u32)>>,
@@ -181,24 +183,20 @@ impl Projector {
     fn project(&self, inner: &Inner, keys: &[(StageKind, String)]) -> Result<(), RuntimeError> {
         let version = Self::version(inner)?;
         let mut writes = Vec::new();
-        let mut orders: BTreeSet<String> = BTreeSet::new();
         let mut written = lock(&self.written);
         for (kind, key) in keys {
             match kind {
                 StageKind::Order => {
-                    orders.insert(key.clone());
+                    let (Some(view), Some(merchant_id)) =
+                        (reads::order_part(inner, key), reads::order_merchant(inner, key))
+                    else {
+                        continue; // not shown yet (a creation the merchant stage has not accepted)
+                    };
+                    writes.push(Write::Order { order_id: key.clone(), merchant_id, version, view });
                 }
                 StageKind::Merchant => self.merchant_writes(inner, key, version, &mut written, &mut writes),
-                StageKind::Agent => self.agent_writes(inner, key, version, &mut written, &mut writes, &mut orders),
+                StageKind::Agent => self.agent_writes(inner, key, version, &mut written, &mut writes),
             }
-        }
-        for order_id in orders {
-            let (Some(view), Some(merchant_id)) =
-                (reads::order(inner, &order_id), reads::order_merchant(inner, &order_id))
-            else {
-                continue; // not shown yet (a creation the merchant stage has not accepted)
-            };
-            writes.push(Write::Order { order_id, merchant_id, version, view });
         }
         if writes.is_empty() {
             return Ok(());
@@ -225,15 +223,7 @@ impl Projector {
         }
     }
 
-    fn agent_writes(
-        &self,
-        inner: &Inner,
-        user_id: &str,
-        version: u64,
-        written: &mut Written,
-        writes: &mut Vec<Write>,
-        orders: &mut BTreeSet<String>,
-    ) {
+    fn agent_writes(&self, inner: &Inner, user_id: &str, version: u64, written: &mut Written, writes: &mut Vec<Write>) {
         let Some(view) = reads::user(inner, user_id) else { return };
         writes.push(Write::User { user_id: user_id.to_string(), version, view });
         let page = |after| reads::user_journal(inner, user_id, after, JOURNAL_ENTRIES_PER_WRITE_MAX);
@@ -245,7 +235,7 @@ impl Projector {
         }
         reads::with_agent(inner, user_id, |agent| {
             bill_writes(agent, version, written, writes);
-            sub_order_writes(agent, version, written, writes, orders);
+            sub_order_writes(agent, version, written, writes);
             for card_id in agent.cards.keys() {
                 if written.card_owners.insert(card_id.clone()) {
                     writes.push(Write::CardOwner { card_id: card_id.clone(), user_id: user_id.to_string(), version });
@@ -297,21 +287,18 @@ fn bill_writes(agent: &Agent, version: u64, written: &mut Written, writes: &mut 
     written.bill_lines.insert(agent.user_id.clone(), now);
 }
 
-/// Orders whose sub-orders changed, and the review queue entries of this agent.
-fn sub_order_writes(
-    agent: &Agent,
-    version: u64,
-    written: &mut Written,
-    writes: &mut Vec<Write>,
-    orders: &mut BTreeSet<String>,
-) {
+/// The sub-orders whose part of their order's view changed, and the review queue entries of this agent.
+fn sub_order_writes(agent: &Agent, version: u64, written: &mut Written, writes: &mut Vec<Write>) {
     let mut reviewing = BTreeSet::new();
     for sub in &agent.subs {
-        let print = fingerprint(&format!("{sub:?}"));
         let key = (sub.order_id.clone(), sub.seq);
-        if written.sub_orders.get(&key) != Some(&print) {
-            orders.insert(sub.order_id.clone());
-            written.sub_orders.insert(key.clone(), print);
+        if let Some(part) = pipelines::document::sub_order_part(agent, &sub.order_id, sub.seq) {
+            let view = serde_json::to_value(&part).unwrap_or(Value::Null);
+            let print = fingerprint(&view.to_string());
+            if written.sub_orders.get(&key) != Some(&print) {
+                written.sub_orders.insert(key.clone(), print);
+                writes.push(Write::SubOrder { order_id: key.0.clone(), seq: key.1, version, view });
+            }
         }
         if sub.state == SubState::Reviewing {
             writes.push(Write::Review {
@@ -368,7 +355,7 @@ impl crate::runtime::PipelineHandle for ReadModelPipeline {
         self.pipeline.event_position(event_id)
     }
     fn order(&self, order_id: &str) -> Option<Value> {
-        logged("order", self.model.order(order_id)).flatten().map(|row| row.view)
+        logged("order", self.model.order_view(order_id)).flatten().map(|row| row.view)
     }
     fn order_merchant(&self, order_id: &str) -> Option<String> {
         logged("order", self.model.order(order_id))
@@ -450,6 +437,9 @@ mod tests {
         }
         fn order(&self, order_id: &str) -> Result<Option<OrderRow>, ReadModelError> {
             self.model.order(order_id)
+        }
+        fn sub_orders(&self, order_id: &str) -> Result<Vec<(u32, Row)>, ReadModelError> {
+            self.model.sub_orders(order_id)
         }
         fn user(&self, user_id: &str) -> Result<Option<Row>, ReadModelError> {
             self.model.user(user_id)

@@ -77,6 +77,20 @@ pub(super) fn order(inner: &Inner, order_id: &str) -> Option<Value> {
     Some(value)
 }
 
+/// An order's own part of its view, for a read model whose rows each belong to one stage partition
+/// (`crate::scylla::Write::Order`): the view without its sub-orders, listing the seqs of those it shows.
+pub(super) fn order_part(inner: &Inner, order_id: &str) -> Option<Value> {
+    let order_guard = guard(inner, StageKind::Order, order_id)?;
+    let order = orders(&order_guard)?.orders.get(order_id).filter(|order| order_is_shown(order))?;
+    let mut value = to_value(order_view(order, |_| None));
+    if let Value::Object(object) = &mut value {
+        object.insert("order_id".to_string(), json!(order_id));
+        let seqs: Vec<u32> = order.sub_orders.iter().map(|reference| reference.seq).collect();
+        object.insert(crate::scylla::ORDER_SUB_ORDER_SEQS.to_string(), json!(seqs));
+    }
+    Some(value)
+}
+
 pub(super) fn order_merchant(inner: &Inner, order_id: &str) -> Option<String> {
     let order_guard = guard(inner, StageKind::Order, order_id)?;
     orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.clone())

@@ -44,8 +44,8 @@ pub fn compare(rebuilt: &Embedded, fresh: &dyn ReadModel, live: &dyn ReadModel) 
     for (kind, key) in super::reads::all_keys(&rebuilt.inner) {
         let (fresh_row, live_row) = match kind {
             StageKind::Order => (
-                fresh.order(&key)?.map(|row| (row.version, row.view)),
-                live.order(&key)?.map(|row| (row.version, row.view)),
+                fresh.order_view(&key)?.map(|row| (row.version, row.view)),
+                live.order_view(&key)?.map(|row| (row.version, row.view)),
             ),
             StageKind::Agent => (
                 fresh.user(&key)?.map(|row| (row.version, row.view)),

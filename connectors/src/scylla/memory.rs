@@ -40,6 +40,8 @@ fn put_slot<K: Ord, T>(map: &mut BTreeMap<K, Slot<T>>, key: K, version: u64, val
 #[derive(Default)]
 struct Tables {
     orders: BTreeMap<String, Slot<(String, Value)>>,
+    /// (order id, seq) → part.
+    sub_orders: BTreeMap<(String, u32), Slot<Value>>,
     users: BTreeMap<String, Slot<Value>>,
     merchants: BTreeMap<String, Slot<Value>>,
     /// (user id, seq) → entry.
@@ -103,6 +105,9 @@ impl ReadModel for MemoryReadModel {
                 Write::Order { order_id, merchant_id, version, view } => {
                     put_slot(&mut tables.orders, order_id, version, Some((merchant_id, view)));
                 }
+                Write::SubOrder { order_id, seq, version, view } => {
+                    put_slot(&mut tables.sub_orders, (order_id, seq), version, Some(view));
+                }
                 Write::User { user_id, version, view } => put_slot(&mut tables.users, user_id, version, Some(view)),
                 Write::Merchant { merchant_id, version, view } => {
                     put_slot(&mut tables.merchants, merchant_id, version, Some(view));
@@ -144,6 +149,15 @@ impl ReadModel for MemoryReadModel {
             version,
             view,
         }))
+    }
+
+    fn sub_orders(&self, order_id: &str) -> Result<Vec<(u32, Row)>, ReadModelError> {
+        let tables = self.tables();
+        Ok(tables
+            .sub_orders
+            .range((order_id.to_string(), 0)..=(order_id.to_string(), u32::MAX))
+            .filter_map(|((_, seq), slot)| live(Some(slot)).map(|(version, view)| (*seq, Row { version, view })))
+            .collect())
     }
 
     fn user(&self, user_id: &str) -> Result<Option<Row>, ReadModelError> {

@@ -93,8 +93,12 @@ pub struct BillLineKey {
 /// (owner, seq), so appending one twice changes nothing; progress only moves forward.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
-    /// An order's view (`GET /v1/orders/{id}`).
+    /// An order's own part of its view (`GET /v1/orders/{id}`), written from the order stage: the view
+    /// without its sub-orders, and in [`ORDER_SUB_ORDER_SEQS`] the seqs of the sub-orders it shows.
     Order { order_id: String, merchant_id: String, version: u64, view: Value },
+    /// A sub-order's part of its order's view, written from the agent stage that holds it
+    /// ([`pipelines::document::SubOrderPart`]). Joined to the order's row when read ([`join_order`]).
+    SubOrder { order_id: String, seq: u32, version: u64, view: Value },
     /// An agent's view (`GET /v1/users/{id}/balance`).
     User { user_id: String, version: u64, view: Value },
     /// Entries of an agent's journal, as (seq, entry).
@@ -125,8 +129,15 @@ pub trait ReadModel: Send + Sync {
     /// Applies writes: those whose version is not above the stored one change nothing; progress
     /// writes are made after all others succeeded.
     fn write(&self, writes: Vec<Write>) -> Result<(), ReadModelError>;
-    /// An order's stored view.
+    /// An order's stored row: its own part of the view (see [`Write::Order`]).
     fn order(&self, order_id: &str) -> Result<Option<OrderRow>, ReadModelError>;
+    /// The stored sub-order parts of an order, as (seq, row), by seq.
+    fn sub_orders(&self, order_id: &str) -> Result<Vec<(u32, Row)>, ReadModelError>;
+    /// An order's view as the API shows it: its row joined with its sub-orders' rows ([`join_order`]).
+    fn order_view(&self, order_id: &str) -> Result<Option<OrderRow>, ReadModelError> {
+        let Some(row) = self.order(order_id)? else { return Ok(None) };
+        Ok(Some(join_order(row, self.sub_orders(order_id)?)))
+    }
     /// An agent's stored view.
     fn user(&self, user_id: &str) -> Result<Option<Row>, ReadModelError>;
     /// An agent's journal entries with `seq` > `after_seq`, in seq order (empty for an unknown agent).
@@ -194,6 +205,7 @@ fn validate(writes: &[Write]) -> Result<(), ReadModelError> {
     for write in writes {
         match write {
             Write::Order { version, .. }
+            | Write::SubOrder { version, .. }
             | Write::User { version, .. }
             | Write::Merchant { version, .. }
             | Write::BillLine { version, .. }
@@ -212,6 +224,35 @@ fn validate(writes: &[Write]) -> Result<(), ReadModelError> {
         }
     }
     Ok(())
+}
+
+/// The field of an order's row listing the seqs of the sub-orders its view shows, in order (removed
+/// when the row is joined with its sub-orders' rows).
+pub const ORDER_SUB_ORDER_SEQS: &str = "sub_order_seqs";
+
+/// Joins an order's row with its sub-orders' rows into the view the API shows, the one
+/// `pipelines::document::order_view` gives in memory: the sub-orders the order lists, in its order (one
+/// whose row is not written yet is left out, as in memory when its agent is not found), their holds'
+/// debt batches, and `settled` unless one of those holds has a deferred debit. The version is the
+/// largest of the rows'.
+pub fn join_order(mut row: OrderRow, sub_orders: Vec<(u32, Row)>) -> OrderRow {
+    let Value::Object(view) = &mut row.view else { return row };
+    let seqs: Vec<u64> =
+        view.remove(ORDER_SUB_ORDER_SEQS).and_then(|seqs| serde_json::from_value(seqs).ok()).unwrap_or_default();
+    let parts: std::collections::BTreeMap<u64, Row> =
+        sub_orders.into_iter().map(|(seq, part)| (u64::from(seq), part)).collect();
+    let (mut shown, mut debt_batches, mut settled) = (Vec::new(), Vec::new(), true);
+    for seq in seqs {
+        let Some(part) = parts.get(&seq) else { continue };
+        row.version = row.version.max(part.version);
+        shown.push(part.view["view"].clone());
+        debt_batches.extend(part.view["debt_batches"].as_array().into_iter().flatten().cloned());
+        settled &= part.view["settled"].as_bool().unwrap_or(true);
+    }
+    view.insert("sub_orders".to_string(), Value::Array(shown));
+    view.insert("debt_batches".to_string(), Value::Array(debt_batches));
+    view.insert("settled".to_string(), Value::Bool(settled));
+    row
 }
 
 /// The bill table's cursor, as the embedded runtime writes it: `{time_ms}/{card id length}/{card id}{txn

@@ -149,6 +149,8 @@ struct Statements {
     session: Session,
     insert_order: PreparedStatement,
     select_order: PreparedStatement,
+    insert_sub_order: PreparedStatement,
+    select_sub_orders: PreparedStatement,
     insert_user: PreparedStatement,
     select_user: PreparedStatement,
     insert_merchant: PreparedStatement,
@@ -178,6 +180,9 @@ pub(super) mod cql {
     pub const INSERT_ORDER: &str =
         "INSERT INTO orders (order_id, merchant_id, version, view) VALUES (?, ?, ?, ?) USING TIMESTAMP ?";
     pub const SELECT_ORDER: &str = "SELECT merchant_id, version, view FROM orders WHERE order_id = ?";
+    pub const INSERT_SUB_ORDER: &str =
+        "INSERT INTO sub_orders (order_id, seq, version, view) VALUES (?, ?, ?, ?) USING TIMESTAMP ?";
+    pub const SELECT_SUB_ORDERS: &str = "SELECT seq, version, view FROM sub_orders WHERE order_id = ?";
     pub const INSERT_USER: &str = "INSERT INTO users (user_id, version, view) VALUES (?, ?, ?) USING TIMESTAMP ?";
     pub const SELECT_USER: &str = "SELECT version, view FROM users WHERE user_id = ?";
     pub const INSERT_MERCHANT: &str =
@@ -367,6 +372,7 @@ const MERCHANT: &str = "merchant";
 /// One CQL write, with its values already converted (so that nothing is written when any is invalid).
 enum Op {
     Order { order_id: String, merchant_id: String, version: i64, view: String },
+    SubOrder { order_id: String, seq: i64, version: i64, view: String },
     User { user_id: String, version: i64, view: String },
     Merchant { merchant_id: String, version: i64, view: String },
     JournalEntry { kind: &'static str, owner_id: String, seq: i64, entry: String },
@@ -405,6 +411,10 @@ fn ops_of(writes: Vec<Write>) -> Result<(Vec<Op>, Vec<Op>), ReadModelError> {
                 let (version, view) = (to_i64("version", version)?, encode_view(&view)?);
                 ops.push(Op::Order { order_id, merchant_id, version, view });
             }
+            Write::SubOrder { order_id, seq, version, view } => {
+                let (version, view) = (to_i64("version", version)?, encode_view(&view)?);
+                ops.push(Op::SubOrder { order_id, seq: i64::from(seq), version, view });
+            }
             Write::User { user_id, version, view } => {
                 ops.push(Op::User { user_id, version: to_i64("version", version)?, view: encode_view(&view)? });
             }
@@ -439,6 +449,9 @@ impl Statements {
         let result = match op {
             Op::Order { order_id, merchant_id, version, view } => {
                 session.execute_unpaged(&self.insert_order, (order_id, merchant_id, version, view, version)).await
+            }
+            Op::SubOrder { order_id, seq, version, view } => {
+                session.execute_unpaged(&self.insert_sub_order, (order_id, seq, version, view, version)).await
             }
             Op::User { user_id, version, view } => {
                 session.execute_unpaged(&self.insert_user, (user_id, version, view, version)).await
@@ -657,6 +670,8 @@ async fn connect(config: &ScyllaConfig) -> Result<Statements, ReadModelError> {
     Ok(Statements {
         insert_order: prepare(cql::INSERT_ORDER).await?,
         select_order: prepare(cql::SELECT_ORDER).await?,
+        insert_sub_order: prepare(cql::INSERT_SUB_ORDER).await?,
+        select_sub_orders: prepare(cql::SELECT_SUB_ORDERS).await?,
         insert_user: prepare(cql::INSERT_USER).await?,
         select_user: prepare(cql::SELECT_USER).await?,
         insert_merchant: prepare(cql::INSERT_MERCHANT).await?,
@@ -785,6 +800,20 @@ impl ReadModel for ScyllaReadModel {
                 version: version_of("order", version)?,
                 view: decode_view("order", &view)?,
             }))
+        })
+    }
+
+    fn sub_orders(&self, order_id: &str) -> Result<Vec<(u32, Row)>, ReadModelError> {
+        let (statements, order_id) = (Arc::clone(&self.statements), order_id.to_string());
+        self.block(async move {
+            let result = statements.select_one(&statements.select_sub_orders, &order_id).await?;
+            let mut parts = Vec::new();
+            for (seq, version, view) in all_rows::<(i64, i64, String)>("sub-order", result)? {
+                let seq = u32::try_from(seq).map_err(|_| corrupt("sub-order", format!("seq {seq}")))?;
+                let row = Row { version: version_of("sub-order", version)?, view: decode_view("sub-order", &view)? };
+                parts.push((seq, row));
+            }
+            Ok(parts)
         })
     }
 

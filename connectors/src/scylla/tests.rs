@@ -43,6 +43,7 @@ pub(super) fn conformance(model: &dyn ReadModel) {
     absent_reads(model);
     views_round_trip(model);
     versions_never_regress(model);
+    sub_orders_join_their_order(model);
     a_batch_with_an_invalid_write_writes_nothing(model);
     card_owner(model);
     journals_are_idempotent_and_paged(model);
@@ -87,6 +88,40 @@ fn views_round_trip(model: &dyn ReadModel) {
     assert_eq!(model.user("rt-u3").expect("reads").map(|row| row.version), Some(0));
     model.put_user("rt-u4", VERSION_MAX, view("max", 1)).expect("writes");
     assert_eq!(model.user("rt-u4").expect("reads").map(|row| row.version), Some(VERSION_MAX));
+}
+
+/// An order's row lists the seqs of the sub-orders it shows; each sub-order's part is a row of its own
+/// (written from another stage partition), joined when the order is read.
+fn sub_orders_join_their_order(model: &dyn ReadModel) {
+    let order = json!({ "state": "pending", "sub_order_seqs": [2, 1, 3], "settled": true, "debt_batches": [],
+        "sub_orders": [] });
+    let part = |seq: u32, settled: bool| json!({ "view": { "seq": seq }, "debt_batches": [{ "amount": format!("{seq}.00") }], "settled": settled });
+    let sub_order =
+        |order_id: &str, seq, version, view| Write::SubOrder { order_id: order_id.to_string(), seq, version, view };
+    model.put_order("so-o1", "so-m1", 3, order).expect("writes");
+    model
+        .write(vec![
+            sub_order("so-o1", 1, 4, part(1, true)),
+            sub_order("so-o1", 2, 7, part(2, false)),
+            sub_order("so-o1", 2, 5, part(2, true)),  // older: changes nothing
+            sub_order("so-o1", 9, 8, part(9, true)),  // not listed by the order
+            sub_order("so-o10", 3, 9, part(3, true)), // another order (a longer id)
+        ])
+        .expect("writes");
+    let parts = model.sub_orders("so-o1").expect("reads");
+    assert_eq!(parts.iter().map(|(seq, row)| (*seq, row.version)).collect::<Vec<_>>(), [(1, 4), (2, 7), (9, 8)]);
+    let joined = model.order_view("so-o1").expect("reads").expect("stored");
+    assert_eq!(joined.merchant_id, "so-m1");
+    assert_eq!(joined.version, 7, "the largest version of the rows shown");
+    assert_eq!(
+        joined.view,
+        json!({ "state": "pending", "settled": false,
+            "sub_orders": [{ "seq": 2 }, { "seq": 1 }],
+            "debt_batches": [{ "amount": "2.00" }, { "amount": "1.00" }] }),
+        "the listed sub-orders in the order's order, seq 3 not written yet"
+    );
+    assert_eq!(model.order_view("so-absent").expect("reads"), None);
+    assert_eq!(model.sub_orders("so-absent").expect("reads"), Vec::new());
 }
 
 fn versions_never_regress(model: &dyn ReadModel) {
@@ -452,6 +487,7 @@ fn schema_has_one_idempotent_table_per_query_and_no_filtering() {
         tables,
         [
             "orders",
+            "sub_orders",
             "users",
             "merchants",
             "journals",
