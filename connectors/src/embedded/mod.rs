@@ -167,13 +167,6 @@ impl Embedded {
         let store: Box<dyn Store> = store;
         check_settings(store.as_ref(), config.partitions, &config.engine)?;
         let shared = store.shares_partitions();
-        if shared && read_model.is_some() {
-            // Its views join state of several stages (an order's sub-orders live in the agent stage),
-            // which an instance sharing the partitions does not all hold.
-            return Err(RuntimeError::Fatal(
-                "a read model is not supported yet with instances sharing the stage partitions".to_string(),
-            ));
-        }
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
         // The logs one processing thread consumes share its doorbell (assigned as `worker_partitions`).
@@ -520,6 +513,10 @@ fn take_over(inner: &Inner, logs: &[String]) -> Result<(), RuntimeError> {
     if let Some(assigned) = &inner.assigned {
         let _gate = crate::runtime::write_lock(&inner.gate);
         *crate::runtime::write_lock(assigned) = logs.iter().cloned().collect();
+    }
+    if let Some(projector) = &inner.projector {
+        // Another instance wrote these partitions' rows meanwhile: every key is projected again.
+        projector.take_over(inner);
     }
     ring(inner, logs);
     Ok(())

@@ -94,6 +94,13 @@ impl Projector {
         self.mark(reads::all_keys(inner));
     }
 
+    /// The instance took partitions over (instances sharing the partitions): another instance wrote their
+    /// rows meanwhile, so what this one remembers writing is forgotten and every key projected again.
+    pub(super) fn take_over(&self, inner: &Inner) {
+        *lock(&self.written) = Written::default();
+        self.mark_all(inner);
+    }
+
     /// Keys marked and not yet projected (0: the read model shows every committed batch).
     pub fn pending(&self) -> usize {
         let touched = lock(&self.touched);
@@ -171,16 +178,24 @@ impl Projector {
         written.card_owners.clear();
     }
 
-    /// The version of a projection starting now (see the module's comment).
+    /// The version of a projection starting now (see the module's comment). Sharing the partitions, the
+    /// offsets other instances committed count too, as the store last read them: an instance taking a
+    /// partition over has read every commit its previous owner made, so its versions are not lower.
     fn version(inner: &Inner) -> Result<u64, RuntimeError> {
-        let mut sum = 1u64;
-        for &(kind, partition) in inner.partitions.keys() {
-            sum = sum.saturating_add(inner.store.committed(&stage_log(kind, partition))?);
-        }
-        Ok(sum)
+        let logs: Vec<String> = inner.partitions.keys().map(|&(kind, partition)| stage_log(kind, partition)).collect();
+        let offsets = inner.store.committed_all(&logs)?;
+        Ok(offsets.into_iter().fold(1u64, u64::saturating_add))
     }
 
     fn project(&self, inner: &Inner, keys: &[(StageKind, String)]) -> Result<(), RuntimeError> {
+        // Sharing the partitions, a projection and a change of assignment exclude each other: no row of
+        // a partition is written once it is revoked (its next owner projects every key again).
+        let _gate = crate::runtime::read_lock(&inner.gate);
+        let partitions = inner.config.partitions;
+        let owned = |(kind, key): &&(StageKind, String)| {
+            inner.is_assigned(&stage_log(*kind, pipelines::partition::partition_of(key, partitions)))
+        };
+        let keys: Vec<&(StageKind, String)> = keys.iter().filter(owned).collect();
         let version = Self::version(inner)?;
         let mut writes = Vec::new();
         let mut written = lock(&self.written);

@@ -736,6 +736,13 @@ impl Store for KafkaStore {
         Ok(backlog)
     }
 
+    fn committed_all(&self, consumers: &[String]) -> Result<Vec<u64>, RuntimeError> {
+        if self.config.group_member {
+            self.tail_index()?;
+        }
+        consumers.iter().map(|consumer| self.known_committed(consumer)).collect()
+    }
+
     fn shares_partitions(&self) -> bool {
         self.config.group_member
     }

@@ -662,10 +662,40 @@ fn feed(instances: &[&crate::embedded::Embedded], inputs: &[pipelines::Input]) {
     }
 }
 
+/// Checks that the read model serves what replay computes: every order (joined with its sub-orders),
+/// every agent's balances, holds, cards and journal length, every merchant's balances and journal.
+fn assert_model_serves(model: &dyn crate::scylla::ReadModel, expected: &serde_json::Value) {
+    for (order_id, order) in expected["orders"].as_object().expect("orders") {
+        let mut served = model.order_view(order_id).expect("reads").expect("the order is in the model").view;
+        served.as_object_mut().expect("an object").remove("order_id");
+        assert_eq!(&served, order, "order {order_id}");
+    }
+    for (user_id, user) in expected["users"].as_object().expect("users") {
+        let served = model.user(user_id).expect("reads").expect("the agent is in the model").view;
+        for field in ["status", "available", "frozen", "deferred", "holds", "cards", "status_history"] {
+            assert_eq!(served[field], user[field], "agent {user_id}: {field}");
+        }
+        let journal = user["journal"].as_array().expect("a journal");
+        assert_eq!(served["journal_entries"], journal.len(), "agent {user_id}");
+        let page = model.user_journal(user_id, 0, journal.len() + 1).expect("reads");
+        assert_eq!(&page.items, journal, "agent {user_id}: journal");
+    }
+    for (merchant_id, merchant) in expected["merchants"].as_object().expect("merchants") {
+        let served = model.merchant(merchant_id).expect("reads").expect("the merchant is in the model").view;
+        for field in ["available", "payout_reserve"] {
+            assert_eq!(served[field], merchant[field], "merchant {merchant_id}: {field}");
+        }
+        let journal = merchant["journal"].as_array().expect("a journal");
+        let page = model.merchant_journal(merchant_id, 0, journal.len() + 1).expect("reads");
+        assert_eq!(&page.items, journal, "merchant {merchant_id}: journal");
+    }
+}
+
 /// Two instances share the stage partitions through the consumer group `paisa.stages`. The second one
 /// joining takes some of them over (restored from the changelog and their topics) and processes them;
 /// leaving, it hands them back (revoked after its last commit) and the first restores them in turn. The
-/// state at the end is the one replay computes, and the two instances never held the same agent.
+/// state at the end is the one replay computes, and the two instances never held the same agent. Both
+/// project their own partitions' rows into one read model, which serves replay's views throughout.
 #[test]
 fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog() {
     use crate::runtime::{ClockMode, PipelineHandle};
@@ -678,11 +708,14 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
     let mut config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
     config.partitions = partitions;
     config.tick_interval_ms = 10;
+    let model: std::sync::Arc<dyn crate::scylla::ReadModel> =
+        std::sync::Arc::new(crate::scylla::MemoryReadModel::default());
     let start = |transactional_id: &str| {
         let mut kafka = kafka.clone();
         kafka.transactional_id = transactional_id.to_string();
         let store = KafkaStore::open(kafka).expect("the store opens");
-        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), None).expect("the instance starts")
+        let model = Some(std::sync::Arc::clone(&model));
+        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), model).expect("the instance starts")
     };
     let inputs = workload_inputs(8, 2);
     let third = inputs.len() / 3;
@@ -708,6 +741,7 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
         "both instances hold agents: {assignments:?} {users_first:?} {users_second:?}"
     );
     assert!(users_first.is_disjoint(&users_second), "an agent held twice: {users_first:?} {users_second:?}");
+    assert_model_serves(model.as_ref(), &comparable(replayed(&inputs[..2 * third])));
 
     second.stop();
     drop(second);
@@ -715,5 +749,6 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
     feed(&[&first], &inputs[2 * third..]);
     let (actual, expected) = (comparable(first.snapshot()), comparable(replayed(&inputs)));
     assert_eq!(actual, expected, "the state after two rebalances is replay's");
+    assert_model_serves(model.as_ref(), &expected);
     first.stop();
 }

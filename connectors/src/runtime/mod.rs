@@ -147,6 +147,12 @@ pub trait Store: Send + Sync + 'static {
         }
         Ok(backlog)
     }
+    /// The next offsets of `consumers` as far as this instance knows, including what other instances
+    /// sharing the partitions committed (a shared store reads their commits first). Never lower than an
+    /// answer given before.
+    fn committed_all(&self, consumers: &[String]) -> Result<Vec<u64>, RuntimeError> {
+        consumers.iter().map(|consumer| self.committed(consumer)).collect()
+    }
     /// Whether several instances share the stage partitions through this store, each processing only
     /// the partitions [`Store::join`] assigns it (false: this instance processes every partition).
     fn shares_partitions(&self) -> bool {
