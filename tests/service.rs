@@ -275,6 +275,91 @@ fn on_kafka_the_api_answers_what_replay_computes() {
     assert_bill_table_pages(&serve.base);
 }
 
+/// Merges the SPEC §9 documents of instances that each hold some stage partitions: each shows the
+/// users, merchants and orders of its own partitions; the outputs log is shared.
+fn merged(documents: &[Value]) -> Value {
+    let mut merged = documents[0].clone();
+    for document in &documents[1..] {
+        for key in ["users", "merchants", "orders"] {
+            let into = merged[key].as_object_mut().expect("an object");
+            for (id, view) in document[key].as_object().expect("an object") {
+                assert!(into.insert(id.clone(), view.clone()).is_none(), "{key} {id} held by two instances");
+            }
+        }
+        if document["clock"].as_str() > merged["clock"].as_str() {
+            merged["clock"] = document["clock"].clone();
+        }
+    }
+    merged
+}
+
+/// Two `paisa serve` processes share the stage partitions (`--group-member`) on one Kafka cluster (the
+/// test's own mock cluster, on loopback): the first ingests and runs the statement connector, the second
+/// refuses inputs (`--no-ingest`) and processes the partitions the group gives it. Driven through the
+/// first one's API, the two together hold replay's state, each partition's keys on one of them.
+#[test]
+fn two_serve_instances_share_the_stage_partitions() {
+    let mut kafka = connectors::kafka::KafkaConfig::new("", 2);
+    let _cluster = connectors::kafka::start_mock_cluster(&mut kafka).expect("the mock cluster starts");
+    let wallet_sim = start_wallet_sim();
+    let (first_dir, second_dir) =
+        (tempfile::tempdir().expect("a directory"), tempfile::tempdir().expect("a directory"));
+    let shared = |member: &'static str| {
+        vec![
+            "--profile".to_string(),
+            "kafka".to_string(),
+            "--kafka-brokers".to_string(),
+            kafka.bootstrap_servers.clone(),
+            "--scylla-uri".to_string(),
+            "memory".to_string(),
+            "--group-member".to_string(),
+            member.to_string(),
+            "--group-session-timeout-ms".to_string(),
+            "3000".to_string(),
+        ]
+    };
+    let mut first_args = shared("0");
+    first_args.extend(["--statement-provider".to_string(), wallet_sim.base.clone()]);
+    let first_args: Vec<&str> = first_args.iter().map(String::as_str).collect();
+    let first = start_serve_with(first_dir.path(), &first_args);
+    let mut second_args = shared("1");
+    second_args.push("--no-ingest".to_string());
+    let second_args: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let second = start_serve_with(second_dir.path(), &second_args);
+
+    let refused = client()
+        .post(format!("{}/v1/events", second.base))
+        .bearer_auth(ADMIN_KEY)
+        .json(&scenario_events()[0])
+        .send()
+        .expect("POST answers");
+    assert_eq!(refused.status(), 503, "an instance started with --no-ingest refuses inputs");
+    assert!(refused.text().unwrap_or_default().contains("--no-ingest"));
+
+    for event in scenario_events() {
+        post_event(&first.base, &wallet_sim.base, &event);
+        wait_quiescent(&first.base);
+        wait_quiescent(&second.base);
+    }
+    let documents = [admin_get(&first.base, "/v1/admin/snapshot"), admin_get(&second.base, "/v1/admin/snapshot")];
+    let held = |document: &Value| {
+        ["users", "orders"].iter().map(|key| document[key].as_object().map_or(0, |map| map.len())).sum::<usize>()
+    };
+    assert!(held(&documents[1]) > 0, "the second instance holds partitions: {}", documents[1]);
+    assert!(held(&documents[0]) > 0, "the first instance holds partitions: {}", documents[0]);
+    // An order's sub-orders live in the agent stage: an instance's document shows those of its own agent
+    // partitions only (the read model joins them: `kafka::tests`, one model shared by two instances).
+    let without_sub_orders = |mut document: Value| {
+        for order in document["orders"].as_object_mut().expect("orders").values_mut() {
+            for key in ["sub_orders", "settled", "debt_batches"] {
+                order.as_object_mut().expect("an order").remove(key);
+            }
+        }
+        document
+    };
+    assert_same_state(without_sub_orders(merged(&documents)), without_sub_orders(replay_document()));
+}
+
 #[test]
 fn sigkill_mid_stream_loses_nothing_and_applies_nothing_twice() {
     let wallet_sim = start_wallet_sim();

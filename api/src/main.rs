@@ -323,6 +323,21 @@ struct ServeOptions {
     /// and records carry the ids it gave; without it, the embedded schemas' static ids.
     #[arg(long, requires = "kafka_brokers")]
     schema_registry: Option<String>,
+    /// With `--profile kafka`: share the stage partitions with other `serve` instances as member ID of
+    /// the consumer group `paisa.stages` (transactional id `paisa-stages-ID`, unique per instance).
+    /// This instance then processes, ticks and projects only the partitions the group assigns it, and
+    /// takes others over when an instance leaves. Exactly one instance ingests; the others run with
+    /// `--no-ingest`.
+    #[arg(long, requires = "kafka_brokers")]
+    group_member: Option<String>,
+    /// With `--group-member`: `session.timeout.ms` of the membership; an instance silent this long
+    /// loses its partitions to the others.
+    #[arg(long, requires = "group_member", default_value_t = 10_000)]
+    group_session_timeout_ms: u64,
+    /// With `--group-member`: refuse inputs (503) and run no statement connector; the instance that
+    /// ingests runs them.
+    #[arg(long, requires = "group_member")]
+    no_ingest: bool,
     /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -350,8 +365,14 @@ async fn start_on_kafka(
     brokers: &str,
     read_model: Option<Arc<dyn connectors::scylla::ReadModel>>,
     schema_registry: Option<&str>,
+    group: Option<(&str, u64)>,
 ) -> anyhow::Result<(Embedded, Option<connectors::kafka::MockCluster>)> {
     let mut kafka = connectors::kafka::KafkaConfig::new(brokers, config.partitions);
+    if let Some((member, session_timeout_ms)) = group {
+        kafka.group_member = true;
+        kafka.transactional_id = format!("paisa-stages-{member}");
+        kafka.session_timeout_ms = session_timeout_ms;
+    }
     let cluster = if brokers == "mock" { Some(connectors::kafka::start_mock_cluster(&mut kafka)?) } else { None };
     if let Some(registry) = schema_registry {
         kafka.schema_ids = connectors::kafka::payload::register_schemas(registry, &kafka.avro_topics()).await?;
@@ -382,6 +403,11 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
     if options.demo && clock == ClockMode::Event {
         anyhow::bail!("--demo runs on the system clock");
     }
+    if options.no_ingest && (options.statement_provider.is_some() || options.demo) {
+        anyhow::bail!(
+            "--no-ingest runs no statement connector: give --statement-provider to the instance that ingests"
+        );
+    }
     let data_dir = match options.data_dir.take() {
         Some(data_dir) => data_dir,
         None => std::env::temp_dir().join(format!("paisa-demo-{}", std::process::id())),
@@ -402,7 +428,11 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
                 None => None,
             };
             let registry = options.schema_registry.as_deref();
-            let (embedded, cluster) = start_on_kafka(config, &brokers, model.clone(), registry).await?;
+            let group = options.group_member.as_deref().map(|member| (member, options.group_session_timeout_ms));
+            let (embedded, cluster) = start_on_kafka(config, &brokers, model.clone(), registry, group).await?;
+            if options.no_ingest {
+                embedded.refuse_ingestion();
+            }
             read_model_in_use = model;
             (embedded, cluster)
         }

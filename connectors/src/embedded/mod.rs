@@ -111,6 +111,9 @@ pub(crate) struct Inner {
     ingested_at_max_ms: AtomicI64,
     /// Whether a statement connector consumes the outputs log (it counts in the lag only then).
     pub(crate) connector_attached: AtomicBool,
+    /// Whether this instance takes inputs (false: one of several instances sharing the partitions, not
+    /// the one that ingests; see [`Embedded::refuse_ingestion`]).
+    ingests: AtomicBool,
     /// Keeps a read model up to date (the Kafka + ScyllaDB profile), when one is attached.
     pub(crate) projector: Option<Arc<projector::Projector>>,
     /// The logs this instance processes, when instances share the partitions ([`Store::join`]); None:
@@ -215,6 +218,7 @@ impl Embedded {
             failure: Mutex::new(None),
             ingested_at_max_ms: AtomicI64::new(ingested_at_max_ms),
             connector_attached: AtomicBool::new(false),
+            ingests: AtomicBool::new(true),
             projector: read_model.map(|model| Arc::new(projector::Projector::new(model))),
             assigned: shared.then(|| RwLock::new(std::collections::BTreeSet::new())),
             gate: RwLock::new(()),
@@ -342,6 +346,13 @@ impl Embedded {
 
     pub fn stopping(&self) -> bool {
         self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Makes this instance refuse inputs: with instances sharing the partitions, one ingests (the
+    /// ingestion index — event ids, positions, keys created — is kept by the instance that writes it,
+    /// and two ingesting instances would hand out the same positions).
+    pub fn refuse_ingestion(&self) {
+        self.inner.ingests.store(false, Ordering::SeqCst);
     }
 
     /// Marks the outputs log as consumed by a statement connector (so its backlog counts as lag).
@@ -692,6 +703,11 @@ impl PipelineHandle for Embedded {
     fn append(&self, inputs: Vec<Input>) -> Result<Vec<Appended>, RuntimeError> {
         if self.stopping() {
             return Err(RuntimeError::ShuttingDown);
+        }
+        if !self.inner.ingests.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Retryable(
+                "this instance does not ingest (--no-ingest): send inputs to the instance that does".to_string(),
+            ));
         }
         let event_ids: Vec<String> = inputs.iter().map(|input| input.event_id.clone()).collect();
         let event_id_refs: Vec<&str> = event_ids.iter().map(String::as_str).collect();
