@@ -6,12 +6,19 @@ What it checks, each printed as it runs:
     the schema cannot see: depends_on targets and conditions, named volumes, healthchecks, pinned image
     tags, unique host ports, Kafka's KRaft single-broker settings, ScyllaDB's sizing;
   - every Kubernetes manifest in k8s/ against the Kubernetes OpenAPI schemas (kubernetes-validate,
-    strict: unknown fields fail), plus references between objects (ConfigMap, Secret, Service
-    selectors, named ports, $(VAR) in args), probes, resources, replicas 1 and Recreate for paisa serve;
+    strict: unknown fields fail), plus references between objects (ConfigMap, Secret, fieldRef, Service
+    selectors of Deployment and StatefulSet pods, a StatefulSet's governing Service, named ports, $(VAR)
+    in args), probes, resources, replicas 1 and Recreate for the ingesting paisa serve;
   - the `paisa` command of every compose service and Kubernetes container against the CLI contract
-    (`admin init`, `serve`, `wallet-sim` with their flags and values) and against each other (brokers,
-    partitions, the statement provider's address);
-  - the Dockerfile's essentials and that README.md documents every setting;
+    (`admin init`, `serve`, `serve --no-ingest`, `wallet-sim` with their flags and values; boolean flags
+    take no value) and against each other (brokers, partitions, the statement provider's address);
+    exactly one ingesting `serve`, any number of `serve --no-ingest`;
+  - the serves sharing the stage partitions: when a `--no-ingest` serve exists, every serve has a
+    `--group-member` and the ids are distinct (per pod in Kubernetes: `$(POD_NAME)` from a StatefulSet's
+    fieldRef metadata.name), each `--no-ingest` serve has the ingesting serve's brokers, partitions,
+    ScyllaDB and Schema Registry, waits for init (compose), has PAISA_ADMIN_KEY, is probed on /readyz
+    (and /healthz in Kubernetes) on its --listen port, and no Service routes to both kinds of serve;
+  - the Dockerfile's essentials and that README.md documents every setting, flag and container env var;
   - then a self-test: it breaks copies of the files in known ways and fails unless each break is caught.
 """
 
@@ -88,6 +95,28 @@ def _keyspace(value: str) -> str | None:
     return None if re.fullmatch(r"[a-z][a-z0-9_]{0,47}", value) else "a CQL identifier"
 
 
+def _member_id(value: str) -> str | None:
+    # It becomes the transactional id paisa-stages-ID (Kafka's legal characters).
+    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}", value) else "an id of [A-Za-z0-9._-]"
+
+
+def _session_timeout_ms(value: str) -> str | None:
+    # The broker's default group.min.session.timeout.ms and group.max.session.timeout.ms.
+    ok = re.fullmatch(r"[1-9][0-9]*", value) and 6000 <= int(value) <= 1800000
+    return None if ok else "milliseconds in 6000..1800000 (the broker's default session bounds)"
+
+
+def _switch(value: str) -> str | None:
+    return None
+
+
+# Flags that take no value: present or absent.
+BOOLEAN_FLAGS = {"--no-ingest"}
+# A `serve` with --no-ingest is its own contract entry: it shares the partitions, refuses inputs.
+NO_INGEST = "serve --no-ingest"
+# Exactly one of each of these per deployment; any number of NO_INGEST.
+SINGLE = ("admin init", "serve", "wallet-sim")
+
 CONTRACT = {
     "admin init": {
         "required": {"--kafka-brokers": _host_ports},
@@ -107,7 +136,32 @@ CONTRACT = {
             "--clock": _one_of("system"),
             "--statement-provider": _url,
         },
-        "optional": {"--scylla-uri": _host_port, "--schema-registry": _url},
+        "optional": {
+            "--scylla-uri": _host_port,
+            "--schema-registry": _url,
+            "--group-member": _member_id,
+            "--group-session-timeout-ms": _session_timeout_ms,
+        },
+        "requires": {"--group-session-timeout-ms": "--group-member"},
+    },
+    NO_INGEST: {
+        "required": {
+            "--profile": _one_of("kafka"),
+            "--kafka-brokers": _host_ports,
+            "--listen": _listen,
+            "--partitions": _int_at_least_1,
+            "--clock": _one_of("system"),
+            "--group-member": _member_id,
+            "--no-ingest": _switch,
+        },
+        "optional": {
+            "--scylla-uri": _host_port,
+            "--schema-registry": _url,
+            "--group-session-timeout-ms": _session_timeout_ms,
+        },
+        "forbidden": {
+            "--statement-provider": "--no-ingest runs no statement connector (the binary refuses both): it belongs to the ingesting serve",
+        },
     },
     "wallet-sim": {
         "required": {"--listen": _listen, "--clock": _one_of("system")},
@@ -117,16 +171,21 @@ CONTRACT = {
 
 
 def parse_cli(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
-    """Splits a `paisa` command line into its subcommand and flags, checked against CONTRACT."""
+    """Splits a `paisa` command line into its contract entry and flags (a boolean flag's value is ""),
+    checked against CONTRACT. A `serve` with --no-ingest is the entry NO_INGEST."""
     errors: list[str] = []
     if args[:2] == ["admin", "init"]:
         sub, rest = "admin init", args[2:]
-    elif args[:1] in (["serve"], ["wallet-sim"]):
+    elif args[:1] == ["serve"]:
+        rest = args[1:]
+        sub = NO_INGEST if any(w.split("=", 1)[0] == "--no-ingest" for w in rest) else "serve"
+    elif args[:1] == ["wallet-sim"]:
         sub, rest = args[0], args[1:]
     else:
         return None, {}, [f"command {args[:2]} does not start with `admin init`, `serve` or `wallet-sim`"]
     spec = CONTRACT[sub]
     known = {**spec["required"], **spec["optional"]}
+    forbidden = spec.get("forbidden", {})
     flags: dict[str, str] = {}
     i = 0
     while i < len(rest):
@@ -135,7 +194,12 @@ def parse_cli(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
             errors.append(f"`paisa {sub}`: unexpected argument {word!r}")
             i += 1
             continue
-        if "=" in word:
+        if word.split("=", 1)[0] in BOOLEAN_FLAGS:
+            name, value = word.split("=", 1)[0], ""
+            if "=" in word:
+                errors.append(f"`paisa {sub}`: {name} takes no value ({word!r})")
+            i += 1
+        elif "=" in word:
             name, value = word.split("=", 1)
             i += 1
         elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
@@ -145,7 +209,9 @@ def parse_cli(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
             errors.append(f"`paisa {sub}`: {word} has no value")
             i += 1
             continue
-        if name not in known:
+        if name in forbidden:
+            errors.append(f"`paisa {sub}`: {name} is not allowed: {forbidden[name]}")
+        elif name not in known:
             errors.append(f"`paisa {sub}`: unknown flag {name} (the contract has {', '.join(sorted(known))})")
         elif name in flags:
             errors.append(f"`paisa {sub}`: {name} given twice")
@@ -160,6 +226,9 @@ def parse_cli(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
     for name in spec["required"]:
         if name not in flags:
             errors.append(f"`paisa {sub}`: missing {name}")
+    for name, needed in spec.get("requires", {}).items():
+        if name in flags and needed not in flags:
+            errors.append(f"`paisa {sub}`: {name} requires {needed}")
     return sub, flags, errors
 
 
@@ -460,14 +529,14 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
         errs += [f"{name}: {x}" for x in e]
         if sub:
             by_sub.setdefault(sub, []).append((name, flags))
-    for sub in CONTRACT:
+    for sub in SINGLE:
         n = len(by_sub.get(sub, []))
         if n != 1:
             errs.append(f"expected exactly one service running `paisa {sub}`, found {n}")
-    report.check("compose: every paisa command follows the CLI contract (admin init | serve | wallet-sim)", errs)
+    report.check("compose: every paisa command follows the CLI contract (admin init | serve [--no-ingest] | wallet-sim)", errs)
 
     errs = []
-    if all(len(by_sub.get(s, [])) == 1 for s in CONTRACT):
+    if all(len(by_sub.get(s, [])) == 1 for s in SINGLE):
         (init_name, init), (serve_name, serve), (sim_name, sim) = (by_sub[s][0] for s in ("admin init", "serve", "wallet-sim"))
         for who, flags in ((init_name, init), (serve_name, serve)):
             for broker in flags.get("--kafka-brokers", "").split(","):
@@ -501,9 +570,8 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
         for need in (kafka_name, sr_name, sc_name):
             if need and deps_serve.get(need) != "service_healthy":
                 errs.append(f"{serve_name}: does not wait for {need} to be healthy")
-        replicas = ((services[serve_name].get("deploy") or {}).get("replicas", 1))
-        if str(replicas) != "1" or str(services[serve_name].get("scale", 1)) != "1":
-            errs.append(f"{serve_name}: must run exactly one replica (no partition assignment across instances)")
+        if not _one_replica(services[serve_name]):
+            errs.append(f"{serve_name}: must run exactly one replica (the one instance that ingests)")
         if "PAISA_ADMIN_KEY" not in _env(services[serve_name]):
             errs.append(f"{serve_name}: PAISA_ADMIN_KEY is not in its environment")
         # Ports and healthchecks agree with --listen.
@@ -518,7 +586,73 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
     else:
         errs.append("skipped: the paisa services are not one of each")
     report.check("compose: paisa services agree with each other and with Kafka, Schema Registry, ScyllaDB", errs)
+
+    # The --no-ingest serves sharing the stage partitions with the ingesting one.
+    errs = []
+    sharing = by_sub.get(NO_INGEST, [])
+    if sharing and len(by_sub.get("serve", [])) == 1 and len(by_sub.get("admin init", [])) == 1:
+        serve_name, serve = by_sub["serve"][0]
+        init_name = by_sub["admin init"][0][0]
+        errs += _member_errors([(who, [flags.get("--group-member")]) for who, flags in [(serve_name, serve)] + sharing])
+        for who, flags in sharing:
+            errs += _shared_flag_errors(who, flags, serve_name, serve)
+            deps = _depends(services[who])
+            if deps.get(init_name) != "service_completed_successfully":
+                errs.append(f"{who}: does not wait for {init_name} with condition service_completed_successfully")
+            for need in (kafka_name, sr_name, sc_name):
+                if need and deps.get(need) != "service_healthy":
+                    errs.append(f"{who}: does not wait for {need} to be healthy")
+            if not _one_replica(services[who]):
+                errs.append(f"{who}: must run exactly one replica (each replica needs its own --group-member)")
+            if "PAISA_ADMIN_KEY" not in _env(services[who]):
+                errs.append(f"{who}: PAISA_ADMIN_KEY is not in its environment")
+            port = _port_of(flags.get("--listen", "0:0"))
+            test = " ".join(map(str, (services[who].get("healthcheck") or {}).get("test", [])))
+            if f"localhost:{port}/readyz" not in test and f"127.0.0.1:{port}/readyz" not in test:
+                errs.append(f"{who}: healthcheck does not GET /readyz on its --listen port {port}")
+            targets = [str(p).rsplit(":", 1)[-1] if isinstance(p, (str, int)) else str(p.get("target")) for p in services[who].get("ports", []) or []]
+            if targets and str(port) not in targets:
+                errs.append(f"{who}: ports {targets} do not include its --listen port {port}")
+    elif sharing:
+        errs.append("skipped: no single ingesting serve and init to share with")
+    report.check(
+        "compose: --no-ingest serves share the partitions (distinct --group-member; the ingesting serve's "
+        "brokers, partitions, ScyllaDB, Schema Registry; wait for init; /readyz)",
+        errs,
+    )
     return variables
+
+
+def _one_replica(service: dict) -> bool:
+    replicas = (service.get("deploy") or {}).get("replicas", 1)
+    return str(replicas) == "1" and str(service.get("scale", 1)) == "1"
+
+
+def _member_errors(members: list[tuple[str, list[str | None]]]) -> list[str]:
+    """Every serve has a --group-member (one per instance; None: none given) and no id is used twice:
+    a shared id is a shared transactional id paisa-stages-ID, and the instances fence each other."""
+    errs, seen = [], {}
+    for who, ids in members:
+        for member in ids:
+            if member is None:
+                errs.append(f"{who}: no --group-member (every serve needs one when a --no-ingest serve shares the partitions)")
+            elif member in seen:
+                errs.append(f"{who} and {seen[member]}: same --group-member {member!r} (transactional id paisa-stages-{member}: they fence each other)")
+            else:
+                seen[member] = who
+    return errs
+
+
+def _shared_flag_errors(who: str, flags: dict[str, str], serve_name: str, serve: dict[str, str]) -> list[str]:
+    """A --no-ingest serve reads and writes what the ingesting serve does."""
+    errs = []
+    for key in ("--kafka-brokers", "--partitions", "--scylla-uri", "--schema-registry"):
+        if flags.get(key) != serve.get(key):
+            errs.append(f"{who}: {key} {flags.get(key, '(none)')} is not the ingesting serve's ({serve_name}: {serve.get(key, '(none)')})")
+    for name, f in ((who, flags), (serve_name, serve)):
+        if "--scylla-uri" not in f:
+            errs.append(f"{name}: no --scylla-uri (without the shared read model an instance's API sees only its own partitions)")
+    return errs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -542,7 +676,93 @@ def _pod_spec(doc: dict) -> dict | None:
     return None
 
 
-def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
+def _pod_labels(doc: dict) -> dict:
+    return (((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+
+def _selects(service: dict, doc: dict) -> bool:
+    """Whether a Service's selector matches a Deployment's or StatefulSet's pods."""
+    selector = (service.get("spec") or {}).get("selector") or {}
+    labels = _pod_labels(doc)
+    return doc.get("kind") in ("Deployment", "StatefulSet") and bool(selector) and all(labels.get(a) == b for a, b in selector.items())
+
+
+# The value $(NAME) stands for when NAME comes from the downward API (env valueFrom.fieldRef): known per
+# pod only. FIELD_REF + "metadata.name" is the pod's name.
+FIELD_REF = "fieldRef."
+POD_NAME_REF = FIELD_REF + "metadata.name"
+_ENV_FIELDS = re.compile(
+    r"metadata\.(name|namespace|uid|labels\['[^']+'\]|annotations\['[^']+'\])|spec\.(nodeName|serviceAccountName)"
+    r"|status\.(hostIP|hostIPs|podIP|podIPs)"
+)
+
+
+def _secret_env_names(c: dict, configmaps: dict[str, dict], secrets: dict[str, dict]) -> set[str]:
+    """The container's environment variables whose value comes from a Secret (a later envFrom source
+    overrides an earlier one, env overrides envFrom)."""
+    names: set[str] = set()
+    for src in c.get("envFrom", []) or []:
+        prefix = src.get("prefix", "")
+        if "secretRef" in src:
+            names |= {prefix + k for k in secrets.get(src["secretRef"].get("name"), {})}
+        if "configMapRef" in src:
+            names -= {prefix + k for k in configmaps.get(src["configMapRef"].get("name"), {})}
+    for e in c.get("env", []) or []:
+        if "secretKeyRef" in (e.get("valueFrom") or {}):
+            names.add(e.get("name"))
+        else:
+            names.discard(e.get("name"))
+    return names
+
+
+def _pod_member_ids(owner: str, doc: dict, member: str | None) -> tuple[list[str | None], list[str]]:
+    """The --group-member of each pod of a workload, and what is wrong with them: a literal id is every
+    replica's; $(POD_NAME) from a fieldRef metadata.name is each pod's own name, stable and distinct in a
+    StatefulSet only (a Deployment's pod names change at every restart, and so would the transactional id)."""
+    if member is None:
+        return [None], []
+    spec = doc.get("spec") or {}
+    replicas = spec.get("replicas", 1)
+    replicas = 1 if replicas is None else replicas
+    if FIELD_REF not in member:
+        if replicas != 1:
+            return [member], [f"{owner}: its {replicas} replicas share --group-member {member!r} (give each pod its own: a StatefulSet and $(POD_NAME))"]
+        return [member], []
+    fields = ", ".join(re.findall(re.escape(FIELD_REF) + r"([A-Za-z.]+)", member))
+    if doc.get("kind") != "StatefulSet":
+        return [], [f"{owner}: --group-member comes from the pod's {fields} (a fieldRef): a {doc.get('kind')}'s pods change names at every restart, use a StatefulSet"]
+    if member.count(FIELD_REF) != member.count(POD_NAME_REF):
+        return [], [f"{owner}: --group-member comes from the pod's {fields}: only metadata.name is a stable, distinct id per pod"]
+    start = (spec.get("ordinals") or {}).get("start", 0)
+    name = (doc.get("metadata") or {}).get("name")
+    return [member.replace(POD_NAME_REF, f"{name}-{i}") for i in range(start, start + replicas)], []
+
+
+def _probe_path(c: dict, kind: str) -> str | None:
+    return ((c.get(kind) or {}).get("httpGet") or {}).get("path")
+
+
+def _probe_port_ok(c: dict, kind: str, port: int) -> bool:
+    p = ((c.get(kind) or {}).get("httpGet") or {}).get("port")
+    named = {cp.get("name"): cp.get("containerPort") for cp in c.get("ports", []) or []}
+    return named.get(p, p) == port
+
+
+def _probe_errors(owner: str, c: dict, flags: dict[str, str], wants: dict[str, str]) -> list[str]:
+    """The container exposes its --listen port and each probe GETs its path there."""
+    errs = []
+    port = _port_of(flags["--listen"])
+    if port not in [cp.get("containerPort") for cp in c.get("ports", []) or []]:
+        errs.append(f"{owner}: containerPort does not include its --listen port {port}")
+    for kind, path in wants.items():
+        if _probe_path(c, kind) != path:
+            errs.append(f"{owner}: {kind} must GET {path} (has {_probe_path(c, kind)!r})")
+        elif not _probe_port_ok(c, kind, port):
+            errs.append(f"{owner}: {kind} does not probe the --listen port {port}")
+    return errs
+
+
+def check_k8s(docs: list[tuple[str, dict]], report: Report) -> tuple[dict[str, str], set[str]]:
     errs = []
     for f, d in docs:
         if not isinstance(d, dict):
@@ -590,6 +810,8 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
     # Containers: references, env resolution, contract, resources, probes, images.
     ref_errs, contract_errs, res_errs, img_errs = [], [], [], []
     by_sub: dict[str, list[tuple[str, dict, dict, dict]]] = {}
+    env_names: set[str] = set()
+    services = {n: d for (k, n), (f, d) in objects.items() if k == "Service"}
     for f, d in docs:
         spec = _pod_spec(d)
         if spec is None:
@@ -600,17 +822,19 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
             who = f"{f}: {owner} container {c.get('name')}"
             env: dict[str, str | None] = {}
             for src in c.get("envFrom", []) or []:
+                prefix = src.get("prefix", "")
                 if "configMapRef" in src:
                     name = src["configMapRef"].get("name")
                     if name not in configmaps:
                         ref_errs.append(f"{who}: envFrom ConfigMap {name!r} does not exist")
-                    env.update(configmaps.get(name, {}))
+                    env.update({prefix + k: v for k, v in configmaps.get(name, {}).items()})
                 if "secretRef" in src:
                     name = src["secretRef"].get("name")
                     if name not in secrets:
                         ref_errs.append(f"{who}: envFrom Secret {name!r} does not exist")
-                    env.update({k: None for k in secrets.get(name, {})})
+                    env.update({prefix + k: None for k in secrets.get(name, {})})
             for e in c.get("env", []) or []:
+                env_names.add(e.get("name"))
                 ref = (e.get("valueFrom") or {})
                 if "configMapKeyRef" in ref:
                     name, key = ref["configMapKeyRef"].get("name"), ref["configMapKeyRef"].get("key")
@@ -622,6 +846,13 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
                     if key not in secrets.get(name, {}):
                         ref_errs.append(f"{who}: env {e.get('name')} refers to missing Secret key {name}/{key}")
                     env[e["name"]] = None
+                elif "fieldRef" in ref:
+                    path = ref["fieldRef"].get("fieldPath", "")
+                    if not _ENV_FIELDS.fullmatch(path):
+                        ref_errs.append(f"{who}: env {e.get('name')} refers to fieldPath {path!r}, not a pod field the downward API gives env")
+                    env[e["name"]] = FIELD_REF + path
+                elif ref:
+                    env[e["name"]] = FIELD_REF + next(iter(ref))
                 else:
                     env[e["name"]] = e.get("value")
             for m in c.get("volumeMounts", []) or []:
@@ -656,13 +887,19 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
             tag = image.rsplit(":", 1)[1] if ":" in image.split("/")[-1] else ""
             if "@sha256:" not in image and (not tag or tag == "latest"):
                 img_errs.append(f"{who}: image {image!r} has no pinned tag")
-        if d["kind"] == "Deployment":
+        if d["kind"] in ("Deployment", "StatefulSet"):
             selector = ((d["spec"].get("selector") or {}).get("matchLabels") or {})
-            labels = ((d["spec"]["template"].get("metadata") or {}).get("labels") or {})
+            labels = _pod_labels(d)
             if not selector or any(labels.get(k) != v for k, v in selector.items()):
                 ref_errs.append(f"{f}: {owner}: selector {selector} does not match the pod labels {labels}")
-    report.check("k8s: ConfigMap, Secret, volume and $(VAR) references resolve", ref_errs)
-    counts = {sub: len(by_sub.get(sub, [])) for sub in CONTRACT}
+        if d["kind"] == "StatefulSet" and d["spec"].get("serviceName"):
+            governing = services.get(d["spec"]["serviceName"])
+            if governing is None:
+                ref_errs.append(f"{f}: {owner}: serviceName {d['spec']['serviceName']!r} is no Service")
+            elif (governing.get("spec") or {}).get("clusterIP") != "None" or not _selects(governing, d):
+                ref_errs.append(f"{f}: {owner}: serviceName {d['spec']['serviceName']!r} is not a headless Service (clusterIP: None) selecting its pods")
+    report.check("k8s: ConfigMap, Secret, fieldRef, volume, $(VAR) and serviceName references resolve", ref_errs)
+    counts = {sub: len(by_sub.get(sub, [])) for sub in SINGLE}
     for sub, n in counts.items():
         if n != 1:
             contract_errs.append(f"expected exactly one workload running `paisa {sub}`, found {n}")
@@ -684,7 +921,7 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
         if serve_doc["spec"].get("replicas") != 1:
             errs.append(f"{serve_owner}: replicas must be 1 (one instance runs every stage)")
         if (serve_doc["spec"].get("strategy") or {}).get("type") != "Recreate":
-            errs.append(f"{serve_owner}: strategy must be Recreate (a rolling update runs two instances at once)")
+            errs.append(f"{serve_owner}: strategy must be Recreate (a rolling update runs two ingesting instances at once)")
         if init.get("--partitions", "2") != serve.get("--partitions"):
             errs.append(f"--partitions differ: init {init.get('--partitions', '2')}, serve {serve.get('--partitions')}")
         for key in ("--kafka-brokers", "--scylla-uri"):
@@ -692,44 +929,21 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
                 errs.append(f"{key} differ: init {init.get(key)}, serve {serve.get(key)}")
         if init.get("--keyspace", "paisa") != "paisa":
             errs.append(f"{init_owner}: --keyspace must be paisa (serve has no --keyspace and uses paisa)")
-        serve_env_names = {e.get("name") for e in serve_c.get("env", []) or []}
-        serve_env_names |= {k for src in serve_c.get("envFrom", []) or [] if "secretRef" in src for k in secrets.get(src["secretRef"].get("name"), {})}
-        if "PAISA_ADMIN_KEY" not in serve_env_names:
+        if "PAISA_ADMIN_KEY" not in _secret_env_names(serve_c, configmaps, secrets):
             errs.append(f"{serve_owner}: PAISA_ADMIN_KEY does not come from a Secret")
-
-        def probe_path(c, kind):
-            return ((c.get(kind) or {}).get("httpGet") or {}).get("path")
-
-        def probe_port_ok(c, kind, port):
-            p = ((c.get(kind) or {}).get("httpGet") or {}).get("port")
-            named = {cp.get("name"): cp.get("containerPort") for cp in c.get("ports", []) or []}
-            return named.get(p, p) == port
-
-        for owner, c, flags, wants in (
-            (serve_owner, serve_c, serve, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}),
-            (sim_owner, sim_c, sim, {"readinessProbe": "/healthz", "livenessProbe": "/healthz"}),
-        ):
-            port = _port_of(flags["--listen"])
-            if port not in [cp.get("containerPort") for cp in c.get("ports", []) or []]:
-                errs.append(f"{owner}: containerPort does not include its --listen port {port}")
-            for kind, path in wants.items():
-                if probe_path(c, kind) != path:
-                    errs.append(f"{owner}: {kind} must GET {path} (has {probe_path(c, kind)!r})")
-                elif not probe_port_ok(c, kind, port):
-                    errs.append(f"{owner}: {kind} does not probe the --listen port {port}")
-        # Services select pods and the statement provider URL reaches wallet-sim.
-        services = {n: d for (k, n), (f, d) in objects.items() if k == "Service"}
+        errs += _probe_errors(serve_owner, serve_c, serve, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
+        errs += _probe_errors(sim_owner, sim_c, sim, {"readinessProbe": "/healthz", "livenessProbe": "/healthz"})
+        # Services select pods (of Deployments and StatefulSets) and the statement provider URL reaches wallet-sim.
         for name, svc in services.items():
             selector = (svc.get("spec") or {}).get("selector") or {}
             pods = [
                 (doc, c)
                 for (k, n), (f, doc) in objects.items()
-                if k == "Deployment"
+                if _selects(svc, doc)
                 for c in _pod_spec(doc).get("containers", [])
-                if selector and all(((doc["spec"]["template"].get("metadata") or {}).get("labels") or {}).get(a) == b for a, b in selector.items())
             ]
             if not pods:
-                errs.append(f"Service/{name}: selector {selector} matches no Deployment's pods")
+                errs.append(f"Service/{name}: selector {selector} matches no Deployment's or StatefulSet's pods")
             for p in (svc.get("spec") or {}).get("ports", []) or []:
                 target = p.get("targetPort", p.get("port"))
                 if pods and not any(cp.get("name") == target or cp.get("containerPort") == target for _, c in pods for cp in c.get("ports", []) or []):
@@ -745,8 +959,41 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> dict[str, str]:
             errs.append(f"{serve_owner}: --statement-provider {serve['--statement-provider']} is not the wallet-sim Service ({sim_services})")
     else:
         errs.append("skipped: the paisa workloads are not one of each")
-    report.check("k8s: init is a Job; serve is 1 replica, Recreate, probed on /readyz and /healthz; Services route to their pods", errs)
-    return {k: v for cm in configmaps.values() for k, v in cm.items()}
+    report.check("k8s: init is a Job; the ingesting serve is 1 replica, Recreate, probed on /readyz and /healthz; Services route to their pods", errs)
+
+    # The --no-ingest serves sharing the stage partitions with the ingesting one.
+    errs = []
+    sharing = by_sub.get(NO_INGEST, [])
+    if sharing and counts.get("serve") == 1:
+        serve_owner, serve_doc, serve_c, serve = by_sub["serve"][0]
+        members = []
+        for owner, doc, c, flags in [by_sub["serve"][0]] + sharing:
+            ids, e = _pod_member_ids(owner, doc, flags.get("--group-member"))
+            errs += e
+            members.append((owner, ids))
+        errs += _member_errors(members)
+        for owner, doc, c, flags in sharing:
+            errs += _shared_flag_errors(owner, flags, serve_owner, serve)
+            if doc["kind"] not in ("Deployment", "StatefulSet"):
+                errs.append(f"{owner}: must be a Deployment or a StatefulSet")
+            if doc["kind"] == "Deployment" and (doc["spec"].get("strategy") or {}).get("type") != "Recreate":
+                errs.append(f"{owner}: strategy must be Recreate (a rolling update runs two pods with one --group-member at once)")
+            if "PAISA_ADMIN_KEY" not in _secret_env_names(c, configmaps, secrets):
+                errs.append(f"{owner}: PAISA_ADMIN_KEY does not come from a Secret")
+            errs += _probe_errors(owner, c, flags, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
+        # Writes must reach the ingesting serve only: the others answer them 503.
+        for name, svc in services.items():
+            routed = [owner for owner, doc, c, flags in [by_sub["serve"][0]] + sharing if _selects(svc, doc)]
+            if serve_owner in routed and len(routed) > 1:
+                errs.append(f"Service/{name}: routes to {serve_owner} and to {', '.join(sorted(set(routed) - {serve_owner}))} (writes reaching a --no-ingest pod get 503)")
+    elif sharing:
+        errs.append("skipped: no single ingesting serve to share with")
+    report.check(
+        "k8s: --no-ingest serves share the partitions (a distinct --group-member per pod; the ingesting serve's "
+        "brokers, partitions, ScyllaDB, Schema Registry; probed on /readyz and /healthz; admin key from a Secret)",
+        errs,
+    )
+    return {k: v for cm in configmaps.values() for k, v in cm.items()}, env_names
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -783,7 +1030,7 @@ def check_dockerfile(text: str, ignore: str, report: Report) -> None:
     report.check("Dockerfile: rust bookworm builder with librdkafka's build deps, bookworm-slim runtime, non-root, ENTRYPOINT paisa", errs)
 
 
-def check_readme(text: str, variables: dict, configmap_keys: dict, report: Report) -> None:
+def check_readme(text: str, variables: dict, configmap_keys: dict, env_names: set[str], report: Report) -> None:
     errs = []
     if not re.search(r"^#+ .*Run on Kafka and ScyllaDB", text, re.M | re.I):
         errs.append("no 'Run on Kafka and ScyllaDB' section")
@@ -802,7 +1049,10 @@ def check_readme(text: str, variables: dict, configmap_keys: dict, report: Repor
     for env in ("PAISA_ADMIN_KEY", "RUST_LOG"):
         if env not in words:
             errs.append(f"{env} is not documented")
-    report.check("README.md: a 'Run on Kafka and ScyllaDB' section; every variable, ConfigMap key and flag documented", errs)
+    for env in sorted(env_names - {"PAISA_ADMIN_KEY", "RUST_LOG"}):
+        if env not in words:
+            errs.append(f"container env {env} of k8s/ is not documented (in backticks)")
+    report.check("README.md: a 'Run on Kafka and ScyllaDB' section; every variable, ConfigMap key, container env and flag documented", errs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -810,9 +1060,9 @@ def check_readme(text: str, variables: dict, configmap_keys: dict, report: Repor
 
 def run_all(raw, k8s_docs, readme, dockerfile, ignore, schema, schema_version, report: Report) -> None:
     variables = check_compose(raw, report, schema, schema_version) or {}
-    configmap = check_k8s(k8s_docs, report)
+    configmap, env_names = check_k8s(k8s_docs, report)
     check_dockerfile(dockerfile, ignore, report)
-    check_readme(readme, variables, configmap, report)
+    check_readme(readme, variables, configmap, env_names, report)
 
 
 def _svc(doc, name):
@@ -825,6 +1075,16 @@ def _k8s(docs, kind, name):
 
 def _container(docs, kind, name):
     return _k8s(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _set_flag(args: list, flag: str, value: str) -> None:
+    args[args.index(flag) + 1] = value
+
+
+def _drop_flag(args: list, flag: str) -> None:
+    """Removes a flag and its value (a boolean flag alone)."""
+    i = args.index(flag)
+    del args[i : i + (1 if flag in BOOLEAN_FLAGS else 2)]
 
 
 # Each mutation breaks one thing and names the check that must catch it.
@@ -850,6 +1110,39 @@ MUTATIONS = [
     ("k8s: an unknown ConfigMap key in args", lambda c, k: _container(k, "Job", "paisa-init")["args"].__setitem__(3, "$(KAFKA_BROKER)"), "k8s: ", "references resolve"),
     ("k8s: a misspelt flag", lambda c, k: _container(k, "Job", "paisa-init")["args"].__setitem__(2, "--kafka-broker"), "k8s: ", "CLI contract"),
     ("k8s: no memory limit", lambda c, k: _container(k, "Deployment", "paisa")["resources"]["limits"].pop("memory"), "k8s: ", "requests and limits"),
+    # The serves sharing the stage partitions.
+    ("compose: a --no-ingest serve with --statement-provider", lambda c, k: _svc(c, "paisa-stages")["command"].extend(["--statement-provider", "http://wallet-sim:8081"]), "compose: ", "CLI contract"),
+    ("compose: --no-ingest given a value", lambda c, k: _svc(c, "paisa-stages")["command"].__setitem__(-1, "--no-ingest=true"), "compose: ", "CLI contract"),
+    ("compose: --group-session-timeout-ms without --group-member", lambda c, k: (_drop_flag(_svc(c, "paisa")["command"], "--group-member"), _svc(c, "paisa")["command"].extend(["--group-session-timeout-ms", "10000"])), "compose: ", "CLI contract"),
+    ("compose: two serves with the same --group-member", lambda c, k: _set_flag(_svc(c, "paisa-stages")["command"], "--group-member", "0"), "compose: ", "share the partitions"),
+    ("compose: the ingesting serve without --group-member", lambda c, k: _drop_flag(_svc(c, "paisa")["command"], "--group-member"), "compose: ", "share the partitions"),
+    ("compose: paisa-stages no longer waits for init", lambda c, k: _svc(c, "paisa-stages")["depends_on"].pop("paisa-init"), "compose: ", "share the partitions"),
+    ("compose: a --no-ingest serve with other --partitions", lambda c, k: _set_flag(_svc(c, "paisa-stages")["command"], "--partitions", "4"), "compose: ", "share the partitions"),
+    ("compose: a --no-ingest serve without ScyllaDB", lambda c, k: _drop_flag(_svc(c, "paisa-stages")["command"], "--scylla-uri"), "compose: ", "share the partitions"),
+    ("compose: paisa-stages scaled to 2", lambda c, k: _svc(c, "paisa-stages").update(deploy={"replicas": 2}), "compose: ", "share the partitions"),
+    ("compose: paisa-stages without the admin key", lambda c, k: _svc(c, "paisa-stages")["environment"].pop("PAISA_ADMIN_KEY"), "compose: ", "share the partitions"),
+    ("compose: paisa-stages healthcheck on /healthz", lambda c, k: _svc(c, "paisa-stages")["healthcheck"].update(test=["CMD", "curl", "-fsS", "http://localhost:8080/healthz"]), "compose: ", "share the partitions"),
+    ("k8s: the StatefulSet probing /ready", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["readinessProbe"]["httpGet"].update(path="/ready"), "k8s: ", "share the partitions"),
+    ("k8s: a --no-ingest serve with --statement-provider", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["args"].extend(["--statement-provider", "$(STATEMENT_PROVIDER_URL)"]), "k8s: ", "CLI contract"),
+    ("k8s: the StatefulSet with a fixed --group-member and 2 replicas", lambda c, k: (_set_flag(_container(k, "StatefulSet", "paisa-stages")["args"], "--group-member", "stages"), _k8s(k, "StatefulSet", "paisa-stages")["spec"].update(replicas=2)), "k8s: ", "share the partitions"),
+    ("k8s: the StatefulSet's member id is the ingesting serve's", lambda c, k: _set_flag(_container(k, "StatefulSet", "paisa-stages")["args"], "--group-member", "ingest"), "k8s: ", "share the partitions"),
+    ("k8s: the ingesting serve without --group-member", lambda c, k: _drop_flag(_container(k, "Deployment", "paisa")["args"], "--group-member"), "k8s: ", "share the partitions"),
+    ("k8s: $(POD_NAME) in a Deployment", lambda c, k: (_container(k, "Deployment", "paisa").setdefault("env", []).append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}), _set_flag(_container(k, "Deployment", "paisa")["args"], "--group-member", "$(POD_NAME)")), "k8s: ", "share the partitions"),
+    ("k8s: a --no-ingest serve with other --kafka-brokers", lambda c, k: _set_flag(_container(k, "StatefulSet", "paisa-stages")["args"], "--kafka-brokers", "kafka.example:9092"), "k8s: ", "share the partitions"),
+    ("k8s: the StatefulSet without the admin Secret", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["envFrom"].pop(1), "k8s: ", "share the partitions"),
+    ("k8s: Service/paisa routes to the StatefulSet's pods too", lambda c, k: _k8s(k, "Service", "paisa")["spec"].update(selector={"app.kubernetes.io/part-of": "paisa"}), "k8s: ", "share the partitions"),
+    ("k8s: POD_NAME from a Secret", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["env"][0].update(valueFrom={"secretKeyRef": {"name": "paisa-admin", "key": "PAISA_ADMIN_KEY"}}), "k8s: ", "references resolve"),
+    ("k8s: the StatefulSet's serviceName names no Service", lambda c, k: _k8s(k, "StatefulSet", "paisa-stages")["spec"].update(serviceName="paisa-stage-pods"), "k8s: ", "references resolve"),
+    ("k8s: the StatefulSet's governing Service not headless", lambda c, k: _k8s(k, "Service", "paisa-stages-pods")["spec"].pop("clusterIP"), "k8s: ", "references resolve"),
+    ("k8s: --group-member from the pod's IP", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["env"][0]["valueFrom"]["fieldRef"].update(fieldPath="status.podIP"), "k8s: ", "share the partitions"),
+]
+
+# Text mutations: (description, file, change, check prefix, words in the check's name).
+TEXT_MUTATIONS = [
+    ("README: a ConfigMap key undocumented", "readme", lambda t: t.replace("STATEMENT_PROVIDER_URL", "STATEMENT_URL"), "README.md", "documented"),
+    ("README: --group-member undocumented", "readme", lambda t: t.replace("--group-member", "--group-membr"), "README.md", "documented"),
+    ("README: POD_NAME undocumented", "readme", lambda t: t.replace("POD_NAME", "POD_NAM"), "README.md", "documented"),
+    ("Dockerfile: runs as root", "dockerfile", lambda t: re.sub(r"^USER .*$", "USER root", t, flags=re.M), "Dockerfile", "non-root"),
 ]
 
 
@@ -857,15 +1150,13 @@ def self_test(raw, k8s_docs, readme, dockerfile, ignore, schema, schema_version)
     failures = []
     baseline = Report(quiet=True)
     run_all(copy.deepcopy(raw), copy.deepcopy(k8s_docs), readme, dockerfile, ignore, schema, schema_version, baseline)
-    cases = [(d, lambda c, k, m=m: m(c, k), p, w) for d, m, p, w in MUTATIONS]
-    cases.append(("README: a ConfigMap key undocumented", None, "README.md", "documented"))
-    cases.append(("Dockerfile: runs as root", "USER", "Dockerfile", "non-root"))
-    for description, mutate, prefix, words in cases:
+    cases = [(d, None, m, p, w) for d, m, p, w in MUTATIONS] + [(d, f, m, p, w) for d, f, m, p, w in TEXT_MUTATIONS]
+    for description, text_file, mutate, prefix, words in cases:
         c, k, r, df = copy.deepcopy(raw), copy.deepcopy(k8s_docs), readme, dockerfile
-        if prefix == "README.md":
-            r = r.replace("STATEMENT_PROVIDER_URL", "STATEMENT_URL")
-        elif prefix == "Dockerfile":
-            df = re.sub(r"^USER .*$", "USER root", df, flags=re.M)
+        if text_file == "readme":
+            r = mutate(r)
+        elif text_file == "dockerfile":
+            df = mutate(df)
         else:
             mutate(c, k)
         report = Report(quiet=True)
@@ -898,7 +1189,7 @@ def main() -> int:
     else:
         print("== self-test: each broken copy must fail a named check")
         missed = self_test(raw, k8s_docs, readme, dockerfile, ignore, schema, schema_version)
-        passed = report.passed + len(MUTATIONS) + 2 - len(missed)
+        passed = report.passed + len(MUTATIONS) + len(TEXT_MUTATIONS) - len(missed)
         failed = report.failed + len(missed)
     print(f"deploy: {passed} passed, {failed} failed")
     return 1 if failed else 0
