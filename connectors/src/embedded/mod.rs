@@ -153,7 +153,10 @@ impl Embedded {
         let inner = Embedded::restore_inner(config, store, read_model)?;
         let embedded = Embedded::restored(inner);
         embedded.spawn_threads()?;
-        embedded.inner.ready.store(true, Ordering::SeqCst);
+        // Sharing the partitions, ready once the group's first assignment is restored (`take_over`).
+        if embedded.inner.assigned.is_none() {
+            embedded.inner.ready.store(true, Ordering::SeqCst);
+        }
         Ok(embedded)
     }
 
@@ -520,6 +523,10 @@ fn take_over(inner: &Inner, logs: &[String]) -> Result<(), RuntimeError> {
             *counts = (counts.0 + restored, counts.1 + committed);
         }
         *crate::runtime::write_lock(slot) = partition;
+    }
+    // Restored: ready (from the first assignment on), before the partitions are processed.
+    if !inner.stopping.load(Ordering::SeqCst) {
+        inner.ready.store(true, Ordering::SeqCst);
     }
     if let Some(assigned) = &inner.assigned {
         let _gate = crate::runtime::write_lock(&inner.gate);

@@ -721,9 +721,11 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
     let third = inputs.len() / 3;
     let first = start("paisa-stages-a");
     wait_for_assignment(&[&first], partitions);
+    assert!(first.ready(), "ready once its first assignment is restored");
     feed(&[&first], &inputs[..third]);
 
     let second = start("paisa-stages-b");
+    assert!(!second.ready(), "not ready before the group assigned it partitions");
     let assignments = wait_for_assignment(&[&first, &second], partitions);
     let (replayed_records, committed_records) = second.taken_over_records();
     assert!(
