@@ -158,6 +158,7 @@ CONTRACT = {
             "--scylla-uri": _host_port,
             "--schema-registry": _url,
             "--group-session-timeout-ms": _session_timeout_ms,
+            "--ingest-url": _url,
         },
         "forbidden": {
             "--statement-provider": "--no-ingest runs no statement connector (the binary refuses both): it belongs to the ingesting serve",
@@ -596,6 +597,10 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
         errs += _member_errors([(who, [flags.get("--group-member")]) for who, flags in [(serve_name, serve)] + sharing])
         for who, flags in sharing:
             errs += _shared_flag_errors(who, flags, serve_name, serve)
+            if "--ingest-url" in flags:
+                forward = urlsplit(flags["--ingest-url"])
+                if forward.hostname != serve_name or forward.port != _port_of(serve.get("--listen", "0:0")):
+                    errs.append(f"{who}: --ingest-url {flags['--ingest-url']} is not the ingesting serve http://{serve_name}:{_port_of(serve.get('--listen', '0:0'))}")
             deps = _depends(services[who])
             if deps.get(init_name) != "service_completed_successfully":
                 errs.append(f"{who}: does not wait for {init_name} with condition service_completed_successfully")
@@ -974,6 +979,16 @@ def check_k8s(docs: list[tuple[str, dict]], report: Report) -> tuple[dict[str, s
         errs += _member_errors(members)
         for owner, doc, c, flags in sharing:
             errs += _shared_flag_errors(owner, flags, serve_owner, serve)
+            if "--ingest-url" in flags:
+                forward = urlsplit(flags["--ingest-url"])
+                reaching = [
+                    n for n, svc in services.items()
+                    if _selects(svc, serve_doc) and not any(_selects(svc, d) for _, d, _, _ in sharing)
+                    and forward.hostname in {n, f"{n}.{NAMESPACE}", f"{n}.{NAMESPACE}.svc", f"{n}.{NAMESPACE}.svc.cluster.local"}
+                    and forward.port in {p.get("port") for p in (svc.get("spec") or {}).get("ports", []) or []}
+                ]
+                if not reaching:
+                    errs.append(f"{owner}: --ingest-url {flags['--ingest-url']} is not a Service of the ingesting serve {serve_owner} only")
             if doc["kind"] not in ("Deployment", "StatefulSet"):
                 errs.append(f"{owner}: must be a Deployment or a StatefulSet")
             if doc["kind"] == "Deployment" and (doc["spec"].get("strategy") or {}).get("type") != "Recreate":
@@ -1134,6 +1149,8 @@ MUTATIONS = [
     ("k8s: POD_NAME from a Secret", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["env"][0].update(valueFrom={"secretKeyRef": {"name": "paisa-admin", "key": "PAISA_ADMIN_KEY"}}), "k8s: ", "references resolve"),
     ("k8s: the StatefulSet's serviceName names no Service", lambda c, k: _k8s(k, "StatefulSet", "paisa-stages")["spec"].update(serviceName="paisa-stage-pods"), "k8s: ", "references resolve"),
     ("k8s: the StatefulSet's governing Service not headless", lambda c, k: _k8s(k, "Service", "paisa-stages-pods")["spec"].pop("clusterIP"), "k8s: ", "references resolve"),
+    ("compose: --ingest-url pointing at paisa-stages itself", lambda c, k: _set_flag(_svc(c, "paisa-stages")["command"], "--ingest-url", "http://paisa-stages:8080"), "compose: ", "share the partitions"),
+    ("k8s: --ingest-url pointing at the StatefulSet's Service", lambda c, k: _set_flag(_container(k, "StatefulSet", "paisa-stages")["args"], "--ingest-url", "http://paisa-stages.paisa.svc:8080"), "k8s: ", "share the partitions"),
     ("k8s: --group-member from the pod's IP", lambda c, k: _container(k, "StatefulSet", "paisa-stages")["env"][0]["valueFrom"]["fieldRef"].update(fieldPath="status.podIP"), "k8s: ", "share the partitions"),
 ]
 

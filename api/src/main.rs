@@ -338,6 +338,10 @@ struct ServeOptions {
     /// ingests runs them.
     #[arg(long, requires = "group_member")]
     no_ingest: bool,
+    /// With `--no-ingest`: forward every write (`POST`) to the instance that ingests, at this base URL
+    /// (`http://host:port`), with the caller's credentials, and answer with its answer (instead of 503).
+    #[arg(long, requires = "no_ingest")]
+    ingest_url: Option<String>,
     /// Address to listen on; port 0 picks a free port (the bound address is printed on stdout).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -470,7 +474,10 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         Some(model) => Arc::new(connectors::embedded::projector::ReadModelPipeline::new(embedded.clone(), model)),
         None => Arc::new(embedded.clone()),
     };
-    let state = http::ApiState::new(pipeline, api_clock, &admin_key, http::Limits::default());
+    let mut state = http::ApiState::new(pipeline, api_clock, &admin_key, http::Limits::default());
+    if let Some(ingest_url) = &options.ingest_url {
+        state = state.forwarding_writes_to(ingest_url).context("--ingest-url")?;
+    }
     let listener = tokio::net::TcpListener::bind(options.listen).await.context("binding the listen address")?;
     let address = listener.local_addr()?;
     println!("paisa serve listening on http://{address}");

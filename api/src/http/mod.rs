@@ -76,13 +76,42 @@ pub struct ApiState {
     /// The last `at` stamped in [`ClockMode::System`], so stamped times never go backwards even if the
     /// wall clock does.
     last_stamp_millis: Arc<AtomicI64>,
+    /// Where writes go when this instance does not ingest (`--ingest-url`), see [`forward_writes`].
+    forward_writes_to: Option<Forwarder>,
 }
+
+/// The instance that ingests, as a `--no-ingest` instance forwards writes to it.
+#[derive(Clone)]
+struct Forwarder {
+    base_url: String,
+    client: reqwest::Client,
+}
+
+/// How long a forwarded write may take before it is answered 503 (the client retries; event ids make a
+/// retry harmless).
+const FORWARD_TIMEOUT_MS: u64 = 10_000;
 
 impl ApiState {
     /// `admin_key` is `PAISA_ADMIN_KEY`; an empty key disables every admin endpoint.
     pub fn new(pipeline: Arc<dyn PipelineHandle>, clock: ClockMode, admin_key: &str, limits: Limits) -> ApiState {
         let admin_key_sha256 = (!admin_key.is_empty()).then(|| Sha256::digest(admin_key.as_bytes()).into());
-        ApiState { pipeline, clock, admin_key_sha256, limits, last_stamp_millis: Arc::new(AtomicI64::new(0)) }
+        ApiState {
+            pipeline,
+            clock,
+            admin_key_sha256,
+            limits,
+            last_stamp_millis: Arc::new(AtomicI64::new(0)),
+            forward_writes_to: None,
+        }
+    }
+
+    /// Forwards every write (`POST`) to the instance at `base_url` (the one that ingests) with the
+    /// caller's credentials, and answers with its answer; reads stay here.
+    pub fn forwarding_writes_to(mut self, base_url: &str) -> Result<ApiState, reqwest::Error> {
+        let client =
+            reqwest::Client::builder().timeout(std::time::Duration::from_millis(FORWARD_TIMEOUT_MS)).build()?;
+        self.forward_writes_to = Some(Forwarder { base_url: base_url.trim_end_matches('/').to_string(), client });
+        Ok(self)
     }
 
     /// The wall clock as event time, never earlier than a time stamped before.
@@ -104,7 +133,8 @@ pub fn router(state: ApiState) -> Router {
         .merge(typed::routes())
         .merge(reads::routes())
         .route("/v1/admin/merchants/{merchant_id}/keys", post(auth::issue_merchant_key))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_ready));
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_ready))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), forward_writes));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -131,6 +161,45 @@ async fn readyz(State(state): State<ApiState>) -> Response {
     } else {
         ApiError::NotReady.into_response()
     }
+}
+
+/// On an instance that does not ingest (`--no-ingest --ingest-url`), a write is sent as it came (path,
+/// query, `Authorization`, `Content-Type`, body) to the instance that does, and its answer returned:
+/// the checks a write needs (ids in flight, card ownership) are that instance's to make.
+async fn forward_writes(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let Some(forwarder) = state.forward_writes_to.clone() else {
+        return next.run(request).await;
+    };
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    match forward(&forwarder, request, state.limits.body_bytes_max).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn forward(forwarder: &Forwarder, request: Request, body_bytes_max: usize) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or(parts.uri.path(), |path| path.as_str());
+    let body = axum::body::to_bytes(body, body_bytes_max).await.map_err(|_| ApiError::BodyTooLarge(body_bytes_max))?;
+    let mut outgoing = forwarder.client.post(format!("{}{path}", forwarder.base_url)).body(body);
+    for name in [axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE] {
+        if let Some(value) = parts.headers.get(&name) {
+            outgoing = outgoing.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let unavailable = |error: reqwest::Error| ApiError::Unavailable(format!("the instance that ingests: {error}"));
+    let answer = outgoing.send().await.map_err(unavailable)?;
+    let status = axum::http::StatusCode::from_u16(answer.status().as_u16())
+        .map_err(|error| ApiError::Unavailable(format!("the instance that ingests: {error}")))?;
+    let content_type = answer.headers().get(reqwest::header::CONTENT_TYPE).map(|value| value.as_bytes().to_vec());
+    let bytes = answer.bytes().await.map_err(unavailable)?;
+    let mut response = (status, bytes).into_response();
+    if let Some(value) = content_type.and_then(|value| axum::http::HeaderValue::from_bytes(&value).ok()) {
+        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, value);
+    }
+    Ok(response)
 }
 
 /// Before state is restored, existence checks would answer false 404s and reads would be stale, so

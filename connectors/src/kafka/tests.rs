@@ -726,6 +726,9 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
 
     let second = start("paisa-stages-b");
     assert!(!second.ready(), "not ready before the group assigned it partitions");
+    second.refuse_ingestion();
+    let refused = second.append(inputs[..1].to_vec()).expect_err("an instance that does not ingest refuses inputs");
+    assert!(refused.to_string().contains("--no-ingest"), "{refused}");
     let assignments = wait_for_assignment(&[&first, &second], partitions);
     let (replayed_records, committed_records) = second.taken_over_records();
     assert!(
