@@ -31,6 +31,8 @@ const STATE_TOPIC_SUFFIX: &str = "state";
 const CHANGELOG_TOPIC_SUFFIX: &str = "changelog";
 /// Records of the state topic read per poll loop at open (bounded; the loop runs to the end).
 const STATE_RECORDS_PER_READ_MAX: usize = 4096;
+/// How often, at most, a lookup that missed reads the state topic for what other instances wrote.
+const MISS_TAIL_INTERVAL_MS: u64 = 100;
 /// Attempts to enqueue one record while the producer's queue is full, polling between them.
 const ENQUEUE_ATTEMPTS_MAX: usize = 1000;
 
@@ -86,6 +88,8 @@ pub struct KafkaStore {
     /// The group member, when this instance shares the stage partitions: its group metadata (generation)
     /// goes with the offsets of every transaction, so a broker fences a member the group moved on from.
     member: Mutex<Option<Arc<super::group::MemberConsumer>>>,
+    /// When a lookup that missed last read the state topic.
+    last_miss_tail: Mutex<Option<Instant>>,
 }
 
 fn fatal(error: impl std::fmt::Display) -> RuntimeError {
@@ -143,6 +147,7 @@ impl KafkaStore {
             snapshots: Mutex::new(None),
             state_reader: Mutex::new(None),
             member: Mutex::new(None),
+            last_miss_tail: Mutex::new(None),
             config,
         };
         store.tail_index()?;
@@ -237,6 +242,17 @@ impl KafkaStore {
             reader.next = last + 1;
         }
         Ok(())
+    }
+
+    /// Whether a lookup that missed may read the state topic now (see [`MISS_TAIL_INTERVAL_MS`]).
+    fn may_tail_on_miss(&self) -> bool {
+        let mut last = lock(&self.last_miss_tail);
+        let now = Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(MISS_TAIL_INTERVAL_MS)) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// The next offset of a consumer as far as this instance knows: its own commits, or what the state
@@ -776,12 +792,24 @@ impl Store for KafkaStore {
     }
 
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
-        let index = lock(&self.index);
-        let map = match table {
-            KeyValueTable::MerchantKeys => &index.merchant_keys,
-            KeyValueTable::Meta => &index.meta,
+        let lookup = || {
+            let index = lock(&self.index);
+            let map = match table {
+                KeyValueTable::MerchantKeys => &index.merchant_keys,
+                KeyValueTable::Meta => &index.meta,
+            };
+            map.get(key).cloned()
         };
-        Ok(map.get(key).cloned())
+        match lookup() {
+            // Sharing the partitions, another instance may have just written it (a merchant key issued
+            // through it): read what the state topic gained since, at most every MISS_TAIL_INTERVAL_MS
+            // (unknown tokens must not make every request a broker round trip).
+            None if self.config.group_member && self.may_tail_on_miss() => {
+                self.tail_index()?;
+                Ok(lookup())
+            }
+            found => Ok(found),
+        }
     }
 
     fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {

@@ -726,6 +726,9 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
 
     let second = start("paisa-stages-b");
     assert!(!second.ready(), "not ready before the group assigned it partitions");
+    // A merchant key issued through one instance authenticates on the other.
+    first.put_merchant_key("feedface", "m0").expect("a key is stored");
+    assert_eq!(second.merchant_of_key("feedface").as_deref(), Some("m0"));
     second.refuse_ingestion();
     let refused = second.append(inputs[..1].to_vec()).expect_err("an instance that does not ingest refuses inputs");
     assert!(refused.to_string().contains("--no-ingest"), "{refused}");
