@@ -565,25 +565,9 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
                 errs.append(f"{init_name}: does not wait for {need} to be healthy")
         if services[init_name].get("restart", "no") != "no":
             errs.append(f"{init_name}: a one-shot service must have restart: \"no\"")
-        deps_serve = _depends(services[serve_name])
-        if deps_serve.get(init_name) != "service_completed_successfully":
-            errs.append(f"{serve_name}: does not wait for {init_name} with condition service_completed_successfully")
-        for need in (kafka_name, sr_name, sc_name):
-            if need and deps_serve.get(need) != "service_healthy":
-                errs.append(f"{serve_name}: does not wait for {need} to be healthy")
-        if not _one_replica(services[serve_name]):
-            errs.append(f"{serve_name}: must run exactly one replica (the one instance that ingests)")
-        if "PAISA_ADMIN_KEY" not in _env(services[serve_name]):
-            errs.append(f"{serve_name}: PAISA_ADMIN_KEY is not in its environment")
-        # Ports and healthchecks agree with --listen.
-        for who, flags, path in ((serve_name, serve, "/readyz"), (sim_name, sim, "/healthz")):
-            port = _port_of(flags.get("--listen", "0:0"))
-            test = " ".join(map(str, (services[who].get("healthcheck") or {}).get("test", [])))
-            if f"localhost:{port}{path}" not in test and f"127.0.0.1:{port}{path}" not in test:
-                errs.append(f"{who}: healthcheck does not GET {path} on its --listen port {port}")
-            targets = [str(p).rsplit(":", 1)[-1] if isinstance(p, (str, int)) else str(p.get("target")) for p in services[who].get("ports", []) or []]
-            if targets and str(port) not in targets:
-                errs.append(f"{who}: ports {targets} do not include its --listen port {port}")
+        needs = (kafka_name, sr_name, sc_name)
+        errs += _serve_service_errors(serve_name, services[serve_name], serve, init_name, needs, "the one instance that ingests")
+        errs += _listen_errors(sim_name, services[sim_name], sim, "/healthz")
     else:
         errs.append("skipped: the paisa services are not one of each")
     report.check("compose: paisa services agree with each other and with Kafka, Schema Registry, ScyllaDB", errs)
@@ -601,23 +585,8 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
                 forward = urlsplit(flags["--ingest-url"])
                 if forward.hostname != serve_name or forward.port != _port_of(serve.get("--listen", "0:0")):
                     errs.append(f"{who}: --ingest-url {flags['--ingest-url']} is not the ingesting serve http://{serve_name}:{_port_of(serve.get('--listen', '0:0'))}")
-            deps = _depends(services[who])
-            if deps.get(init_name) != "service_completed_successfully":
-                errs.append(f"{who}: does not wait for {init_name} with condition service_completed_successfully")
-            for need in (kafka_name, sr_name, sc_name):
-                if need and deps.get(need) != "service_healthy":
-                    errs.append(f"{who}: does not wait for {need} to be healthy")
-            if not _one_replica(services[who]):
-                errs.append(f"{who}: must run exactly one replica (each replica needs its own --group-member)")
-            if "PAISA_ADMIN_KEY" not in _env(services[who]):
-                errs.append(f"{who}: PAISA_ADMIN_KEY is not in its environment")
-            port = _port_of(flags.get("--listen", "0:0"))
-            test = " ".join(map(str, (services[who].get("healthcheck") or {}).get("test", [])))
-            if f"localhost:{port}/readyz" not in test and f"127.0.0.1:{port}/readyz" not in test:
-                errs.append(f"{who}: healthcheck does not GET /readyz on its --listen port {port}")
-            targets = [str(p).rsplit(":", 1)[-1] if isinstance(p, (str, int)) else str(p.get("target")) for p in services[who].get("ports", []) or []]
-            if targets and str(port) not in targets:
-                errs.append(f"{who}: ports {targets} do not include its --listen port {port}")
+            needs = (kafka_name, sr_name, sc_name)
+            errs += _serve_service_errors(who, services[who], flags, init_name, needs, "each replica needs its own --group-member")
     elif sharing:
         errs.append("skipped: no single ingesting serve and init to share with")
     report.check(
@@ -626,6 +595,36 @@ def check_compose(raw: dict, report: Report, schema: dict, schema_version: str) 
         errs,
     )
     return variables
+
+
+def _serve_service_errors(who: str, service: dict, flags: dict, init_name: str, needs: tuple, why_one: str) -> list[str]:
+    """A compose `paisa serve`: waits for init and for Kafka, Schema Registry and ScyllaDB, runs one
+    replica (`why_one`), has the admin key, and is checked on /readyz at its --listen port."""
+    errs = []
+    deps = _depends(service)
+    if deps.get(init_name) != "service_completed_successfully":
+        errs.append(f"{who}: does not wait for {init_name} with condition service_completed_successfully")
+    for need in needs:
+        if need and deps.get(need) != "service_healthy":
+            errs.append(f"{who}: does not wait for {need} to be healthy")
+    if not _one_replica(service):
+        errs.append(f"{who}: must run exactly one replica ({why_one})")
+    if "PAISA_ADMIN_KEY" not in _env(service):
+        errs.append(f"{who}: PAISA_ADMIN_KEY is not in its environment")
+    return errs + _listen_errors(who, service, flags, "/readyz")
+
+
+def _listen_errors(who: str, service: dict, flags: dict, path: str) -> list[str]:
+    """The healthcheck GETs `path` on the --listen port, and published ports include it."""
+    errs = []
+    port = _port_of(flags.get("--listen", "0:0"))
+    test = " ".join(map(str, (service.get("healthcheck") or {}).get("test", [])))
+    if f"localhost:{port}{path}" not in test and f"127.0.0.1:{port}{path}" not in test:
+        errs.append(f"{who}: healthcheck does not GET {path} on its --listen port {port}")
+    targets = [str(p).rsplit(":", 1)[-1] if isinstance(p, (str, int)) else str(p.get("target")) for p in service.get("ports", []) or []]
+    if targets and str(port) not in targets:
+        errs.append(f"{who}: ports {targets} do not include its --listen port {port}")
+    return errs
 
 
 def _one_replica(service: dict) -> bool:

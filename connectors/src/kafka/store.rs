@@ -764,12 +764,11 @@ impl Store for KafkaStore {
     /// Sharing the partitions, the offsets of logs another instance consumes are read from the state
     /// topic (this instance's cache only knows its own commits).
     fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
-        if self.config.group_member {
-            self.tail_index()?;
-        }
+        let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
+        let committed = self.committed_all(&consumers)?;
         let mut backlog = 0u64;
-        for (log, consumer) in pairs {
-            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(self.known_committed(consumer)?));
+        for ((log, _), next) in pairs.iter().zip(committed) {
+            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(next));
         }
         Ok(backlog)
     }

@@ -691,6 +691,35 @@ fn assert_model_serves(model: &dyn crate::scylla::ReadModel, expected: &serde_js
     }
 }
 
+/// A mock cluster whose instances share `partitions` stage partitions (`group_member`, the given session
+/// timeout), and the event-clock runtime settings they run with in `directory`.
+fn sharing(
+    partitions: u32,
+    session_timeout_ms: u64,
+    directory: &std::path::Path,
+) -> (KafkaConfig, MockCluster, crate::embedded::EmbeddedConfig) {
+    let (mut kafka, cluster) = mock(partitions);
+    kafka.group_member = true;
+    kafka.session_timeout_ms = session_timeout_ms;
+    let mut config = crate::embedded::EmbeddedConfig::new(directory.to_path_buf(), crate::runtime::ClockMode::Event);
+    config.partitions = partitions;
+    config.tick_interval_ms = 10;
+    (kafka, cluster, config)
+}
+
+/// Starts an instance on `kafka` as `transactional_id` (a group member of its own).
+fn start_member(
+    kafka: &KafkaConfig,
+    config: &crate::embedded::EmbeddedConfig,
+    transactional_id: &str,
+    model: Option<std::sync::Arc<dyn crate::scylla::ReadModel>>,
+) -> crate::embedded::Embedded {
+    let mut kafka = kafka.clone();
+    kafka.transactional_id = transactional_id.to_string();
+    let store = KafkaStore::open(kafka).expect("the store opens");
+    crate::embedded::Embedded::start_on(config.clone(), Box::new(store), model).expect("the instance starts")
+}
+
 /// Two instances share the stage partitions through the consumer group `paisa.stages`. The second one
 /// joining takes some of them over (restored from the changelog and their topics) and processes them;
 /// leaving, it hands them back (revoked after its last commit) and the first restores them in turn. The
@@ -698,25 +727,14 @@ fn assert_model_serves(model: &dyn crate::scylla::ReadModel, expected: &serde_js
 /// project their own partitions' rows into one read model, which serves replay's views throughout.
 #[test]
 fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog() {
-    use crate::runtime::{ClockMode, PipelineHandle};
+    use crate::runtime::PipelineHandle;
     let partitions = 3;
-    let (mut kafka, _cluster) = mock(partitions);
-    kafka.group_member = true;
-    kafka.session_timeout_ms = 3_000;
-    kafka.changelog_every_records = 7;
     let directory = tempfile::tempdir().expect("a temporary directory");
-    let mut config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
-    config.partitions = partitions;
-    config.tick_interval_ms = 10;
+    let (mut kafka, _cluster, config) = sharing(partitions, 3_000, directory.path());
+    kafka.changelog_every_records = 7;
     let model: std::sync::Arc<dyn crate::scylla::ReadModel> =
         std::sync::Arc::new(crate::scylla::MemoryReadModel::default());
-    let start = |transactional_id: &str| {
-        let mut kafka = kafka.clone();
-        kafka.transactional_id = transactional_id.to_string();
-        let store = KafkaStore::open(kafka).expect("the store opens");
-        let model = Some(std::sync::Arc::clone(&model));
-        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), model).expect("the instance starts")
-    };
+    let start = |transactional_id: &str| start_member(&kafka, &config, transactional_id, Some(model.clone()));
     let inputs = workload_inputs(8, 2);
     let third = inputs.len() / 3;
     let first = start("paisa-stages-a");
@@ -783,24 +801,14 @@ fn record_id_counts(store: &KafkaStore, log: &str) -> std::collections::BTreeMap
 /// the outcome, not the race.)
 #[test]
 fn a_rebalance_in_the_middle_of_processing_repeats_nothing() {
-    use crate::runtime::{ClockMode, PipelineHandle};
+    use crate::runtime::PipelineHandle;
     let partitions = 3;
-    let (mut kafka, cluster) = mock(partitions);
-    kafka.group_member = true;
-    kafka.session_timeout_ms = 6_000;
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let (mut kafka, cluster, mut config) = sharing(partitions, 6_000, directory.path());
     kafka.request_timeout_ms = 30_000;
     kafka.changelog_every_records = 11;
-    let directory = tempfile::tempdir().expect("a temporary directory");
-    let mut config = crate::embedded::EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
-    config.partitions = partitions;
-    config.tick_interval_ms = 10;
     config.batch_records_max = 8;
-    let start = |transactional_id: &str| {
-        let mut kafka = kafka.clone();
-        kafka.transactional_id = transactional_id.to_string();
-        let store = KafkaStore::open(kafka).expect("the store opens");
-        crate::embedded::Embedded::start_on(config.clone(), Box::new(store), None).expect("the instance starts")
-    };
+    let start = |transactional_id: &str| start_member(&kafka, &config, transactional_id, None);
     let slow = |delay_ms: u64| {
         for broker in 1..=MOCK_BROKERS {
             cluster.broker_round_trip_time(broker, std::time::Duration::from_millis(delay_ms)).expect("a broker");

@@ -723,6 +723,21 @@ impl ScyllaReadModel {
         })
     }
 
+    /// A (version, view) row read by its key with the statement `select` picks (users, merchants).
+    fn row(
+        &self,
+        what: &'static str,
+        select: fn(&Statements) -> &PreparedStatement,
+        key: &str,
+    ) -> Result<Option<Row>, ReadModelError> {
+        let (statements, key) = (Arc::clone(&self.statements), key.to_string());
+        self.block(async move {
+            let result = statements.select_one(select(&statements), &key).await?;
+            let Some((version, view)) = first_row::<(i64, String)>(what, result)? else { return Ok(None) };
+            Ok(Some(Row { version: version_of(what, version)?, view: decode_view(what, &view)? }))
+        })
+    }
+
     /// Runs a future on the model's runtime and waits for it.
     fn block<T, F>(&self, future: F) -> Result<T, ReadModelError>
     where
@@ -818,12 +833,7 @@ impl ReadModel for ScyllaReadModel {
     }
 
     fn user(&self, user_id: &str) -> Result<Option<Row>, ReadModelError> {
-        let (statements, user_id) = (Arc::clone(&self.statements), user_id.to_string());
-        self.block(async move {
-            let result = statements.select_one(&statements.select_user, &user_id).await?;
-            let Some((version, view)) = first_row::<(i64, String)>("user", result)? else { return Ok(None) };
-            Ok(Some(Row { version: version_of("user", version)?, view: decode_view("user", &view)? }))
-        })
+        self.row("user", |statements| &statements.select_user, user_id)
     }
 
     fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Result<Page, ReadModelError> {
@@ -833,12 +843,7 @@ impl ReadModel for ScyllaReadModel {
     }
 
     fn merchant(&self, merchant_id: &str) -> Result<Option<Row>, ReadModelError> {
-        let (statements, merchant_id) = (Arc::clone(&self.statements), merchant_id.to_string());
-        self.block(async move {
-            let result = statements.select_one(&statements.select_merchant, &merchant_id).await?;
-            let Some((version, view)) = first_row::<(i64, String)>("merchant", result)? else { return Ok(None) };
-            Ok(Some(Row { version: version_of("merchant", version)?, view: decode_view("merchant", &view)? }))
-        })
+        self.row("merchant", |statements| &statements.select_merchant, merchant_id)
     }
 
     fn merchant_journal(&self, merchant_id: &str, after_seq: u64, limit: usize) -> Result<Page, ReadModelError> {
