@@ -150,7 +150,7 @@ fn main() {
     let order_ids: Vec<String> = first
         .iter()
         .filter_map(|input| match &input.command {
-            Command::CollectionCreated(created) => Some(created.order_id.clone()),
+            Command::CollectionCreated(created) => Some(created.order_id.to_string()),
             _ => None,
         })
         .collect();

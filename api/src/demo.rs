@@ -39,8 +39,11 @@ impl Demo {
 
     fn append(&mut self, command: Command) {
         self.sequence += 1;
-        let input =
-            Input { event_id: format!("demo:{}", self.sequence), at: connectors::embedded::system_now(), command };
+        let input = Input {
+            event_id: format!("demo:{}", self.sequence).into(),
+            at: connectors::embedded::system_now(),
+            command,
+        };
         if let Err(error) = self.pipeline.append(vec![input]) {
             tracing::warn!(%error, "demo input not appended");
         }
@@ -98,16 +101,19 @@ impl Demo {
         }));
         for agent in 1..=4 {
             let user_id = format!("agent-{agent}");
-            self.append(Command::UserRegistered(UserRegistered { user_id: user_id.clone(), telegram_bound: true }));
+            self.append(Command::UserRegistered(UserRegistered {
+                user_id: user_id.clone().into(),
+                telegram_bound: true,
+            }));
             self.append(Command::CardBound(CardBound {
-                user_id: user_id.clone(),
-                card_id: format!("card-{agent}"),
+                user_id: user_id.clone().into(),
+                card_id: format!("card-{agent}").into(),
                 provider: Provider::Phonepe,
-                account_last4: Some(format!("{agent:04}")),
+                account_last4: Some(format!("{agent:04}").into()),
                 vpa: None,
             }));
             self.append(Command::UserRecharge(UserRecharge {
-                user_id,
+                user_id: user_id.into(),
                 amount: "50000.00".into(),
                 commission: "0.00".into(),
             }));
@@ -122,17 +128,17 @@ impl Demo {
         let utr = format!("{:012}", 400_000_000_000 + step);
         let amount = format!("{}.00", 100 + step);
         self.append(Command::CollectionCreated(CollectionCreated {
-            order_id: order_id.clone(),
+            order_id: order_id.clone().into(),
             merchant_id: "demo-merchant".into(),
-            amount: amount.clone(),
-            utr: Some(utr.clone()),
+            amount: amount.clone().into(),
+            utr: Some(utr.clone().into()),
             expires_at: None,
         }));
         self.wait_for_order(&order_id, None).await;
         self.append(Command::CollectionDispatched(CollectionDispatched {
-            order_id: order_id.clone(),
-            user_id: format!("agent-{agent}"),
-            card_id: format!("card-{agent}"),
+            order_id: order_id.clone().into(),
+            user_id: format!("agent-{agent}").into(),
+            card_id: format!("card-{agent}").into(),
         }));
         let line = |txn: &str| {
             json!({ "txn_id": txn, "utr": utr, "direction": "in", "amount": amount, "status": "success",
@@ -158,8 +164,8 @@ impl Demo {
             "counterparty": { "vpa": "late.payer@upi" } });
         self.wallet_line(&format!("card-{agent}"), line).await;
         self.append(Command::SupplementRequested(SupplementRequested {
-            order_id: format!("demo-c{unpaid_step}"),
-            utr: Some(utr),
+            order_id: format!("demo-c{unpaid_step}").into(),
+            utr: Some(utr.into()),
         }));
     }
 
@@ -168,15 +174,19 @@ impl Demo {
         let order_id = format!("demo-p{step}");
         let payee_last4 = format!("{:04}", 9000 + step % 1000);
         self.append(Command::PayoutCreated(PayoutCreated {
-            order_id: order_id.clone(),
+            order_id: order_id.clone().into(),
             merchant_id: "demo-merchant".into(),
             amount: "250.00".into(),
-            payee: Party { account_last4: Some(payee_last4.clone()), name: Some("Payee".into()), ..Party::default() },
+            payee: Party {
+                account_last4: Some(payee_last4.clone().into()),
+                name: Some("Payee".into()),
+                ..Party::default()
+            },
             expires_at: None,
         }));
         self.wait_for_order(&order_id, None).await;
         self.append(Command::PayoutGrabbed(PayoutGrabbed {
-            order_id: order_id.clone(),
+            order_id: order_id.clone().into(),
             user_id: "agent-1".into(),
             card_id: "card-1".into(),
         }));
@@ -185,7 +195,7 @@ impl Demo {
         let line = json!({ "txn_id": format!("demo-out-{step}"), "utr": utr, "direction": "out", "amount": "250.00",
             "status": "success", "time": timestamp_now(), "counterparty": { "account_last4": payee_last4 } });
         self.wallet_line("card-1", line).await;
-        self.append(Command::PaymentConfirmed(PaymentConfirmed { order_id, utr: Some(utr) }));
+        self.append(Command::PaymentConfirmed(PaymentConfirmed { order_id: order_id.into(), utr: Some(utr.into()) }));
     }
 
     /// Agent 4's statement fills with ERRORED lines; its next check bans it (R-ERR-1).

@@ -11,6 +11,7 @@ use crate::stages::agent::state::{
 use crate::stages::merchant::{Merchant, MerchantEntry};
 use crate::stages::order::{MainOrder, OrderState};
 use crate::time::Timestamp;
+use crate::Text;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -57,8 +58,8 @@ pub struct SubOrderView<'a> {
     pub card_id: &'a str,
     pub state: SubState,
     pub flags: Vec<Flag>,
-    pub utrs: &'a [String],
-    pub matched_txn_ids: &'a [String],
+    pub utrs: &'a [Text],
+    pub matched_txn_ids: &'a [Text],
     pub paid_total: Money,
     #[serde(rename = "match")]
     pub matched: Option<&'a MatchRecord>,
@@ -142,7 +143,7 @@ pub struct SubOrderPart<'a> {
 /// The part of order `order_id`'s view that sub-order `seq`, held by `agent`, contributes; None if the
 /// agent holds no such sub-order.
 pub fn sub_order_part<'a>(agent: &'a Agent, order_id: &str, seq: u32) -> Option<SubOrderPart<'a>> {
-    let &index = agent.sub_index.get(&(order_id.to_string(), seq))?;
+    let &index = agent.sub_index.get(&(order_id.into(), seq))?;
     let sub = &agent.subs[index];
     let (debt_batches, settled) = match sub.hold_id {
         Some(hold_id) => {

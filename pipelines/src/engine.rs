@@ -12,9 +12,11 @@ use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
 use crate::stages::{AgentBody, Effects, Message, Timer};
 use crate::time::Timestamp;
+use crate::timers::TimerQueue;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
+use crate::Text;
 use rustc_hash::FxHashSet as HashSet;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Internal events one input may cause before the engine declares a livelock (a bug, not bad input).
 const CASCADE_EVENTS_MAX: usize = 1_000_000;
@@ -27,10 +29,10 @@ pub struct Engine {
     /// The simulated provider, when this engine answers its own crawl requests (replay, demos).
     pub provider: Option<WalletSim>,
     /// Due timers by (due, creation).
-    timers: BTreeMap<(Timestamp, u64), Timer>,
+    timers: TimerQueue<Timer>,
     timers_created: u64,
     clock: Timestamp,
-    seen_event_ids: HashSet<String>,
+    seen_event_ids: HashSet<Text>,
     outputs: Vec<Output>,
     effects: Effects,
     /// `crawl_result`s the simulated provider produced: log events in a deployment (the connector
@@ -48,7 +50,7 @@ impl Engine {
             orders: OrderStage::default(),
             merchants: MerchantStage::default(),
             provider,
-            timers: BTreeMap::new(),
+            timers: TimerQueue::new(),
             timers_created: 0,
             clock: Timestamp::default(),
             seen_event_ids: HashSet::default(),
@@ -108,7 +110,7 @@ impl Engine {
 
     /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3).
     fn fire_timers(&mut self, is_due: impl Fn(Timestamp) -> bool) {
-        while let Some((&(due, _), _)) = self.timers.first_key_value() {
+        while let Some((due, _)) = self.timers.first_key() {
             if !is_due(due) {
                 break;
             }
@@ -194,7 +196,7 @@ impl Engine {
                 };
                 let result = provider.result(&request, effects.now);
                 // The answer is an ordinary input of the agent stage (SPEC §9).
-                let event_id = format!("provider:{}", request.request_id);
+                let event_id = compact_str::format_compact!("provider:{}", request.request_id);
                 self.provider_answers += 1;
                 if self.seen_event_ids.insert(event_id.clone()) {
                     queue.push_back(Work::Message(Message::Agent {

@@ -4,6 +4,7 @@
 //! `command_rejected` (R-IN-1). Money stays a string here so a bad amount is a semantic error.
 
 use crate::time::Timestamp;
+use crate::Text;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -64,14 +65,14 @@ pub enum CancelledBy {
 #[serde(deny_unknown_fields)]
 pub struct Party {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account_last4: Option<String>,
+    pub account_last4: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vpa: Option<String>,
+    pub vpa: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Text>,
     /// Only on payees: the bank's IFSC (R-MATCH-P1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ifsc: Option<String>,
+    pub ifsc: Option<Text>,
 }
 
 /// The other side of a statement line (SPEC §5): shown, and matched against payees (R-MATCH-P1).
@@ -79,11 +80,11 @@ pub struct Party {
 #[serde(deny_unknown_fields)]
 pub struct Counterparty {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account_last4: Option<String>,
+    pub account_last4: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vpa: Option<String>,
+    pub vpa: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Text>,
 }
 
 fn default_true() -> bool {
@@ -106,20 +107,20 @@ fn default_when_null<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatementLine {
-    pub txn_id: String,
+    pub txn_id: Text,
     #[serde(default)]
-    pub utr: Option<String>,
+    pub utr: Option<Text>,
     #[serde(default = "default_true", deserialize_with = "true_when_null")]
     pub utr_supported: bool,
     pub direction: Direction,
-    pub amount: String,
+    pub amount: Text,
     pub status: LineStatus,
     pub time: Timestamp,
     #[serde(default, deserialize_with = "default_when_null")]
     pub counterparty: Counterparty,
     /// Present only in detail answers (and on `wallet_line` events, for the simulated provider).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payee_ifsc: Option<String>,
+    pub payee_ifsc: Option<Text>,
 }
 
 macro_rules! input_structs {
@@ -134,38 +135,38 @@ macro_rules! input_structs {
 }
 
 input_structs! {
-    MerchantRegistered { merchant_id: String, collection_fee_rate: String, payout_fee_rate: String,
-        payout_fee_fixed: String, #[serde(default)] callback_url: Option<String> }
-    MerchantDeposit { merchant_id: String, amount: String }
-    UserRegistered { user_id: String, telegram_bound: bool }
-    CardBound { user_id: String, card_id: String, provider: Provider,
-        #[serde(default)] account_last4: Option<String>, #[serde(default)] vpa: Option<String> }
-    UserRecharge { user_id: String, amount: String, commission: String }
-    UserAdjustment { user_id: String, amount: String, reason: String }
-    CollectionCreated { order_id: String, merchant_id: String, amount: String,
-        #[serde(default)] utr: Option<String>, #[serde(default)] expires_at: Option<Timestamp> }
-    CollectionDispatched { order_id: String, user_id: String, card_id: String }
-    PaymentConfirmed { order_id: String, #[serde(default)] utr: Option<String> }
-    OrderCancelled { order_id: String, by: CancelledBy }
-    SupplementRequested { order_id: String, #[serde(default)] utr: Option<String> }
-    CollectionRetry { order_id: String }
-    PayoutCreated { order_id: String, merchant_id: String, amount: String, payee: Party,
+    MerchantRegistered { merchant_id: Text, collection_fee_rate: Text, payout_fee_rate: Text,
+        payout_fee_fixed: Text, #[serde(default)] callback_url: Option<Text> }
+    MerchantDeposit { merchant_id: Text, amount: Text }
+    UserRegistered { user_id: Text, telegram_bound: bool }
+    CardBound { user_id: Text, card_id: Text, provider: Provider,
+        #[serde(default)] account_last4: Option<Text>, #[serde(default)] vpa: Option<Text> }
+    UserRecharge { user_id: Text, amount: Text, commission: Text }
+    UserAdjustment { user_id: Text, amount: Text, reason: Text }
+    CollectionCreated { order_id: Text, merchant_id: Text, amount: Text,
+        #[serde(default)] utr: Option<Text>, #[serde(default)] expires_at: Option<Timestamp> }
+    CollectionDispatched { order_id: Text, user_id: Text, card_id: Text }
+    PaymentConfirmed { order_id: Text, #[serde(default)] utr: Option<Text> }
+    OrderCancelled { order_id: Text, by: CancelledBy }
+    SupplementRequested { order_id: Text, #[serde(default)] utr: Option<Text> }
+    CollectionRetry { order_id: Text }
+    PayoutCreated { order_id: Text, merchant_id: Text, amount: Text, payee: Party,
         #[serde(default)] expires_at: Option<Timestamp> }
-    PayoutGrabbed { order_id: String, user_id: String, card_id: String }
-    CrawlResult { request_id: String, user_id: String, card_id: String, ok: bool,
+    PayoutGrabbed { order_id: Text, user_id: Text, card_id: Text }
+    CrawlResult { request_id: Text, user_id: Text, card_id: Text, ok: bool,
         #[serde(default)] error: Option<CrawlError>, lines: Vec<std::sync::Arc<StatementLine>>,
         #[serde(default)] next_from: Option<Timestamp> }
-    CardReauthenticated { user_id: String, card_id: String }
-    AdminApprove { order_id: String, operator: String, #[serde(default)] amount: Option<String> }
-    AdminReject { order_id: String, operator: String }
-    AdminCrawlRetry { order_id: String, operator: String }
-    AdminCorrectCancel { order_id: String, operator: String }
-    AdminCancelPayout { order_id: String, operator: String }
-    AdminUnban { user_id: String, operator: String }
+    CardReauthenticated { user_id: Text, card_id: Text }
+    AdminApprove { order_id: Text, operator: Text, #[serde(default)] amount: Option<Text> }
+    AdminReject { order_id: Text, operator: Text }
+    AdminCrawlRetry { order_id: Text, operator: Text }
+    AdminCorrectCancel { order_id: Text, operator: Text }
+    AdminCancelPayout { order_id: Text, operator: Text }
+    AdminUnban { user_id: Text, operator: Text }
     Tick {}
-    WalletLine { card_id: String, line: StatementLine }
-    WalletLineStatus { card_id: String, txn_id: String, status: LineStatus }
-    WalletFault { card_id: String, fault: Fault }
+    WalletLine { card_id: Text, line: StatementLine }
+    WalletLineStatus { card_id: Text, txn_id: Text, status: LineStatus }
+    WalletFault { card_id: Text, fault: Fault }
 }
 
 /// Every input type of SPEC §5 except `config`, which only a scenario's first line may carry.
@@ -283,7 +284,7 @@ pub fn deserialize_type_name<'de, D: serde::Deserializer<'de>>(deserializer: D) 
 /// One input with its envelope.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Input {
-    pub event_id: String,
+    pub event_id: Text,
     pub at: Timestamp,
     #[serde(flatten)]
     pub command: Command,
@@ -353,7 +354,7 @@ pub fn parse_input_object(
     }
     let command: Command =
         serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
-    Ok(Input { event_id, at, command })
+    Ok(Input { event_id: event_id.into(), at, command })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use crate::output::OrderKind;
 use crate::stages::agent::state::{EntryKind, HoldState};
 use crate::stages::merchant::MerchantEntryKind;
 use crate::stages::order::OrderState;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use rustc_hash::FxHashSet as HashSet;
 
@@ -29,7 +30,7 @@ pub fn check(engine: &Engine) -> Result<Books, String> {
     let mut books = Books::default();
     let mut balances_total = Money::ZERO;
     for (user_id, agent) in &engine.agents.agents {
-        let mut agent_sold: HashMap<String, Money> = HashMap::default();
+        let mut agent_sold: HashMap<Text, Money> = HashMap::default();
         if agent.available.is_negative() {
             return Err(format!("R-BAL-1: {user_id} available {}", agent.available));
         }

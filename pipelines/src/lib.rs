@@ -20,6 +20,7 @@ pub mod replay;
 pub mod snapshot;
 pub mod stages;
 pub mod time;
+pub mod timers;
 pub mod wallet_sim;
 pub mod workload;
 
@@ -28,6 +29,12 @@ pub use engine::Engine;
 pub use input::Input;
 pub use money::Money;
 pub use time::Timestamp;
+
+/// The engine's short strings: ids (orders, agents, cards, merchants, transactions, requests, events),
+/// UTRs and amounts as given. Up to 24 bytes they are stored inline, so cloning one into a message, a
+/// timer or a map key allocates nothing and comparing one reads no second cache line; longer ones
+/// (e.g. UUID event ids) go to the heap like a `String`. Serialised as a plain JSON string.
+pub type Text = compact_str::CompactString;
 
 /// Everything the engine refuses, as one type for callers. The pure core does no I/O, so nothing here
 /// is retryable: each variant is bad input that the same bytes will always fail (a service dead-letters

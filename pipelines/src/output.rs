@@ -3,6 +3,7 @@
 use crate::input::Provider;
 use crate::money::Money;
 use crate::time::Timestamp;
+use crate::Text;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,9 +46,9 @@ pub enum NotificationKind {
 /// A request to the statement connector (R-CHK-1, R-CHK-2, R-PEND-1, R-MATCH-P1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CrawlRequested {
-    pub request_id: String,
-    pub user_id: String,
-    pub card_id: String,
+    pub request_id: Text,
+    pub user_id: Text,
+    pub card_id: Text,
     pub provider: Provider,
     pub mode: CrawlMode,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,7 +58,7 @@ pub struct CrawlRequested {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub txn_id: Option<String>,
+    pub txn_id: Option<Text>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,34 +66,34 @@ pub struct CrawlRequested {
 pub enum OutputBody {
     CrawlRequested(CrawlRequested),
     MerchantCallback {
-        callback_id: String,
-        merchant_id: String,
-        order_id: String,
+        callback_id: Text,
+        merchant_id: Text,
+        order_id: Text,
         kind: OrderKind,
         status: CallbackStatus,
         amount: Money,
         #[serde(skip_serializing_if = "Option::is_none")]
         actual_amount: Option<Money>,
         #[serde(skip_serializing_if = "Option::is_none")]
-        utr: Option<String>,
+        utr: Option<Text>,
     },
     Notification {
-        user_id: String,
+        user_id: Text,
         #[serde(deserialize_with = "deserialize_channel")]
         channel: crate::input::StaticName,
         kind: NotificationKind,
         text: String,
     },
     SessionRevoked {
-        user_id: String,
+        user_id: Text,
     },
     DispatchRejected {
-        order_id: String,
-        user_id: String,
+        order_id: Text,
+        user_id: Text,
         reason: Reason,
     },
     CommandRejected {
-        event_id: String,
+        event_id: Text,
         #[serde(deserialize_with = "crate::input::deserialize_type_name")]
         input_type: crate::input::StaticName,
         reason: Reason,

@@ -18,6 +18,8 @@ use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
 use crate::stages::{AgentBody, Effects, MerchantBody, Message, OrderBody, Timer};
 use crate::time::Timestamp;
+use crate::timers::TimerQueue;
+use crate::Text;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -115,15 +117,15 @@ pub fn route_input(input: Input) -> Routed {
     let message = match key {
         Key::Merchant(id) => {
             let merchant_id = id.to_string();
-            Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
+            Message::Merchant { merchant_id: merchant_id.into(), body: MerchantBody::Input { event_id, command } }
         }
         Key::Agent(id) => {
             let user_id = id.to_string();
-            Message::Agent { user_id, body: AgentBody::Input { event_id, command } }
+            Message::Agent { user_id: user_id.into(), body: AgentBody::Input { event_id, command } }
         }
         Key::Order(id) => {
             let order_id = id.to_string();
-            Message::Order { order_id, body: OrderBody::Input { event_id, command } }
+            Message::Order { order_id: order_id.into(), body: OrderBody::Input { event_id, command } }
         }
     };
     Routed::Message(message)
@@ -140,7 +142,7 @@ enum Key<'a> {
 /// record at or below the last id it applied from the same source, whatever delivered it twice.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RecordId {
-    pub source: String,
+    pub source: Text,
     pub offset: u64,
     pub index: u32,
 }
@@ -173,7 +175,7 @@ pub struct Produced {
     pub outputs: Vec<Output>,
     /// Keys of this partition whose state a message or timer may have changed, in handling order (with
     /// repeats): what a read model must project again.
-    pub touched: Vec<String>,
+    pub touched: Vec<Text>,
 }
 
 impl Produced {
@@ -213,12 +215,11 @@ pub struct StagePartition {
     partitions: u32,
     state: StageState,
     /// Due timers by (due, creation).
-    #[serde(with = "crate::snapshot::btree_pairs")]
-    timers: BTreeMap<(Timestamp, u64), Timer>,
+    timers: TimerQueue<Timer>,
     timers_created: u64,
     clock: Timestamp,
     /// Last record id applied per source (exactly-once across redeliveries).
-    high_water: BTreeMap<String, (u64, u32)>,
+    high_water: BTreeMap<Text, (u64, u32)>,
     /// Empty between records (drained after every handler); kept in snapshots all the same.
     effects: Effects,
     /// Empty between records too.
@@ -269,7 +270,7 @@ impl StagePartition {
             partition,
             partitions,
             state,
-            timers: BTreeMap::new(),
+            timers: TimerQueue::new(),
             timers_created: 0,
             clock: Timestamp::default(),
             high_water: BTreeMap::new(),
@@ -388,7 +389,7 @@ impl StagePartition {
 
     /// When the next timer falls due (the ticker appends a tick only to partitions that need one).
     pub fn next_timer_due(&self) -> Option<Timestamp> {
-        self.timers.first_key_value().map(|(&(due, _), _)| due)
+        self.timers.first_key().map(|(due, _)| due)
     }
 
     pub fn records_applied(&self) -> u64 {
@@ -442,7 +443,7 @@ impl StagePartition {
 
     /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3).
     fn fire_timers(&mut self, is_due: impl Fn(Timestamp) -> bool, produced: &mut Produced) {
-        while let Some((&(due, _), _)) = self.timers.first_key_value() {
+        while let Some((due, _)) = self.timers.first_key() {
             if !is_due(due) {
                 break;
             }
@@ -469,12 +470,12 @@ impl StagePartition {
             self.effects.now = now;
             match work {
                 Work::Message(message) => {
-                    produced.touched.push(destination(&message).1.to_string());
+                    produced.touched.push(destination(&message).1.into());
                     self.deliver(message)
                 }
                 Work::Timer(timer) => {
                     if let Some(key) = timer_key(&timer) {
-                        produced.touched.push(key.to_string());
+                        produced.touched.push(key.into());
                     }
                     self.fire(timer)
                 }
@@ -537,7 +538,7 @@ mod tests {
         let at = input.at;
         let Routed::Message(message) = route_input(input) else { panic!("not routed to a stage") };
         StageRecord {
-            id: RecordId { source: "ingest".to_string(), offset, index: 0 },
+            id: RecordId { source: "ingest".into(), offset, index: 0 },
             at,
             body: RecordBody::Message { message },
         }
@@ -595,17 +596,17 @@ mod tests {
         partition.apply(record(created, 0), &mut produced);
         assert!(produced.messages.iter().any(|(_, message)| matches!(message, Message::Merchant { .. })));
         let accepted = |offset| StageRecord {
-            id: RecordId { source: "merchant-0".to_string(), offset, index: 0 },
+            id: RecordId { source: "merchant-0".into(), offset, index: 0 },
             at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
             body: RecordBody::Message {
-                message: Message::Order { order_id: "o1".to_string(), body: OrderBody::CreationAccepted },
+                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
             },
         };
         partition.apply(accepted(0), &mut produced);
         let due = Timestamp::parse("2026-03-02T09:10:00Z").expect("a time");
         assert_eq!(partition.next_timer_due(), Some(due), "R-EXP-1 expiry timer");
         let tick = |offset, at| StageRecord {
-            id: RecordId { source: "ticker".to_string(), offset, index: 0 },
+            id: RecordId { source: "ticker".into(), offset, index: 0 },
             at,
             body: RecordBody::Tick,
         };
@@ -635,10 +636,10 @@ mod tests {
         assert_eq!(to_agents(&produced), 0, "nothing is dispatched before the order exists");
         assert!(produced.outputs.is_empty(), "and nothing is refused: {:?}", produced.outputs);
         let accepted = StageRecord {
-            id: RecordId { source: "merchant-0".to_string(), offset: 0, index: 0 },
+            id: RecordId { source: "merchant-0".into(), offset: 0, index: 0 },
             at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
             body: RecordBody::Message {
-                message: Message::Order { order_id: "o1".to_string(), body: OrderBody::CreationAccepted },
+                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
             },
         };
         partition.apply(accepted, &mut produced);

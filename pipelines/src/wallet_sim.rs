@@ -5,6 +5,7 @@
 use crate::input::{CrawlError, CrawlResult, Fault, LineStatus, StatementLine};
 use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,15 +22,15 @@ pub enum ProviderTimer {
 #[derive(Clone, Debug, Default)]
 struct SimCard {
     /// Lines by (time, txn id), with the time they were added (`wallet_line.at`).
-    lines: BTreeMap<(Timestamp, String), (Timestamp, Arc<StatementLine>)>,
-    time_of: HashMap<String, Timestamp>,
+    lines: BTreeMap<(Timestamp, Text), (Timestamp, Arc<StatementLine>)>,
+    time_of: HashMap<Text, Timestamp>,
     fault: Option<Fault>,
 }
 
 /// One provider's wallets.
 #[derive(Clone, Debug, Default)]
 pub struct WalletSim {
-    cards: HashMap<String, SimCard>,
+    cards: HashMap<Text, SimCard>,
 }
 
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
@@ -43,7 +44,7 @@ pub enum Answer {
 impl WalletSim {
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
-        let card = self.cards.entry(card_id.to_string()).or_default();
+        let card = self.cards.entry(card_id.into()).or_default();
         if let Some(time) = card.time_of.remove(&line.txn_id) {
             card.lines.remove(&(time, line.txn_id.clone()));
         }
@@ -64,14 +65,14 @@ impl WalletSim {
         let Some(time) = card.time_of.get(txn_id) else {
             return;
         };
-        if let Some((_, line)) = card.lines.get_mut(&(*time, txn_id.to_string())) {
+        if let Some((_, line)) = card.lines.get_mut(&(*time, txn_id.into())) {
             Arc::make_mut(line).status = status;
         }
     }
 
     /// `wallet_fault`: lasts until the card's next fault event.
     pub fn set_fault(&mut self, card_id: &str, fault: Fault) {
-        self.cards.entry(card_id.to_string()).or_default().fault = (fault != Fault::None).then_some(fault);
+        self.cards.entry(card_id.into()).or_default().fault = (fault != Fault::None).then_some(fault);
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
@@ -107,7 +108,7 @@ impl WalletSim {
             Some(PageOrder::Asc) => {
                 let from = request.from.unwrap_or_default();
                 card.into_iter()
-                    .flat_map(|card| card.lines.range((from, String::new())..).map(|(_, entry)| entry))
+                    .flat_map(|card| card.lines.range((from, Text::const_new(""))..).map(|(_, entry)| entry))
                     .filter(|(added_at, line)| *added_at <= now && line.time <= now)
                     .map(|(_, line)| line)
                     .take(limit)

@@ -3,6 +3,7 @@
 //! the benchmark, profiling and demos; pure like the rest of the crate.
 
 use crate::input::*;
+use crate::Text;
 use crate::{Input, Timestamp};
 
 struct Generator {
@@ -14,13 +15,13 @@ impl Generator {
     fn push(&mut self, seconds: i64, command: Command) {
         let at = self.start.plus_seconds(seconds);
         let event_id = format!("w:{}", self.inputs.len());
-        self.inputs.push(Input { event_id, at, command });
+        self.inputs.push(Input { event_id: event_id.into(), at, command });
     }
 }
 
 fn line(
     txn_id: String,
-    utr: Option<String>,
+    utr: Option<Text>,
     direction: Direction,
     amount: &str,
     status: LineStatus,
@@ -28,14 +29,14 @@ fn line(
     last4: Option<&str>,
 ) -> StatementLine {
     StatementLine {
-        txn_id,
+        txn_id: txn_id.into(),
         utr,
         utr_supported: true,
         direction,
-        amount: amount.to_string(),
+        amount: amount.into(),
         status,
         time,
-        counterparty: Counterparty { account_last4: last4.map(str::to_string), ..Counterparty::default() },
+        counterparty: Counterparty { account_last4: last4.map(Text::from), ..Counterparty::default() },
         payee_ifsc: None,
     }
 }
@@ -50,27 +51,33 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
         generator.push(
             0,
             Command::MerchantRegistered(MerchantRegistered {
-                merchant_id: merchant_id.clone(),
+                merchant_id: merchant_id.clone().into(),
                 collection_fee_rate: "0.025".into(),
                 payout_fee_rate: "0.01".into(),
                 payout_fee_fixed: "3.00".into(),
                 callback_url: None,
             }),
         );
-        generator.push(0, Command::MerchantDeposit(MerchantDeposit { merchant_id, amount: "100000000.00".into() }));
+        generator.push(
+            0,
+            Command::MerchantDeposit(MerchantDeposit {
+                merchant_id: merchant_id.into(),
+                amount: "100000000.00".into(),
+            }),
+        );
     }
     let providers = [Provider::Paytm, Provider::Phonepe, Provider::Mobikwik, Provider::Freecharge];
     for agent in 0..agents {
         let user_id = format!("u{agent}");
         generator.push(
             0,
-            Command::UserRegistered(UserRegistered { user_id: user_id.clone(), telegram_bound: agent % 2 == 0 }),
+            Command::UserRegistered(UserRegistered { user_id: user_id.clone().into(), telegram_bound: agent % 2 == 0 }),
         );
         generator.push(
             0,
             Command::CardBound(CardBound {
-                user_id: user_id.clone(),
-                card_id: format!("k{agent}"),
+                user_id: user_id.clone().into(),
+                card_id: format!("k{agent}").into(),
                 provider: providers[agent % 4],
                 account_last4: None,
                 vpa: None,
@@ -78,7 +85,11 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
         );
         generator.push(
             0,
-            Command::UserRecharge(UserRecharge { user_id, amount: "50000.00".into(), commission: "10.00".into() }),
+            Command::UserRecharge(UserRecharge {
+                user_id: user_id.into(),
+                amount: "50000.00".into(),
+                commission: "10.00".into(),
+            }),
         );
     }
     let amounts = ["100.00", "250.00", "500.00", "1000.00", "2000.00"];
@@ -93,12 +104,12 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
             let amount = amounts[(agent + round) % amounts.len()];
             // A collection, half of them with a UTR, paid a little later (some never paid → closed).
             let order_id = format!("c{round}-{agent}");
-            let utr = (agent % 2 == 0).then(|| format!("{round:04}{agent:08}"));
+            let utr = (agent % 2 == 0).then(|| compact_str::format_compact!("{round:04}{agent:08}"));
             generator.push(
                 offset,
                 Command::CollectionCreated(CollectionCreated {
-                    order_id: order_id.clone(),
-                    merchant_id: merchant_id.clone(),
+                    order_id: order_id.clone().into(),
+                    merchant_id: merchant_id.clone().into(),
                     amount: amount.into(),
                     utr: utr.clone(),
                     expires_at: None,
@@ -107,9 +118,9 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
             generator.push(
                 offset,
                 Command::CollectionDispatched(CollectionDispatched {
-                    order_id: order_id.clone(),
-                    user_id: user_id.clone(),
-                    card_id: card_id.clone(),
+                    order_id: order_id.clone().into(),
+                    user_id: user_id.clone().into(),
+                    card_id: card_id.clone().into(),
                 }),
             );
             if (agent + round) % 10 != 0 {
@@ -117,10 +128,10 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
                 generator.push(
                     offset + 45,
                     Command::WalletLine(WalletLine {
-                        card_id: card_id.clone(),
+                        card_id: card_id.clone().into(),
                         line: line(
                             format!("in{round}-{agent}"),
-                            utr.or_else(|| Some(format!("b{round:04}{agent:08}"))),
+                            utr.or_else(|| Some(compact_str::format_compact!("b{round:04}{agent:08}"))),
                             Direction::In,
                             amount,
                             LineStatus::Success,
@@ -132,12 +143,12 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
             }
             // A payout, grabbed, paid and confirmed with its UTR.
             let payout_id = format!("p{round}-{agent}");
-            let payout_utr = format!("9{round:04}{agent:07}");
+            let payout_utr = compact_str::format_compact!("9{round:04}{agent:07}");
             generator.push(
                 offset + 60,
                 Command::PayoutCreated(PayoutCreated {
-                    order_id: payout_id.clone(),
-                    merchant_id,
+                    order_id: payout_id.clone().into(),
+                    merchant_id: merchant_id.into(),
                     amount: amount.into(),
                     payee: Party { account_last4: Some("4321".into()), ..Party::default() },
                     expires_at: None,
@@ -146,16 +157,16 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
             generator.push(
                 offset + 61,
                 Command::PayoutGrabbed(PayoutGrabbed {
-                    order_id: payout_id.clone(),
-                    user_id: user_id.clone(),
-                    card_id: card_id.clone(),
+                    order_id: payout_id.clone().into(),
+                    user_id: user_id.clone().into(),
+                    card_id: card_id.clone().into(),
                 }),
             );
             let paid_at = start.plus_seconds(offset + 90);
             generator.push(
                 offset + 95,
                 Command::WalletLine(WalletLine {
-                    card_id: card_id.clone(),
+                    card_id: card_id.clone().into(),
                     line: line(
                         format!("out{round}-{agent}"),
                         Some(payout_utr.clone()),
@@ -169,7 +180,7 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
             );
             generator.push(
                 offset + 100,
-                Command::PaymentConfirmed(PaymentConfirmed { order_id: payout_id, utr: Some(payout_utr) }),
+                Command::PaymentConfirmed(PaymentConfirmed { order_id: payout_id.into(), utr: Some(payout_utr) }),
             );
             // ERRORED noise: a couple of lines per round; one agent in 500 floods and is banned.
             let noise = if agent % 500 == 7 && round == 1 { 12 } else { 2 };
@@ -177,7 +188,7 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
                 generator.push(
                     offset + 110,
                     Command::WalletLine(WalletLine {
-                        card_id: card_id.clone(),
+                        card_id: card_id.clone().into(),
                         line: line(
                             format!("e{round}-{agent}-{index}"),
                             None,

@@ -470,7 +470,7 @@ impl AvroRecord for Input {
 /// The statement connector's answer (topic `paisa.statement-results`): a `crawl_result` input.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StatementResult {
-    pub event_id: String,
+    pub event_id: pipelines::Text,
     pub at: Timestamp,
     pub result: input::CrawlResult,
 }
@@ -1096,7 +1096,7 @@ impl AvroRecord for ChangelogEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandKey {
     pub stage: Option<StageKind>,
-    pub id: String,
+    pub id: pipelines::Text,
 }
 
 impl CommandKey {
@@ -1105,15 +1105,15 @@ impl CommandKey {
         match route_input(input.clone()) {
             Routed::Message(message) => {
                 let (stage, id) = destination(&message);
-                CommandKey { stage: Some(stage), id: id.to_owned() }
+                CommandKey { stage: Some(stage), id: id.to_owned().into() }
             }
-            Routed::Broadcast => CommandKey { stage: None, id: String::new() },
+            Routed::Broadcast => CommandKey { stage: None, id: String::new().into() },
             Routed::Wallet(command) => {
                 let card_id = match &command {
                     Command::WalletLine(c) => c.card_id.clone(),
                     Command::WalletLineStatus(c) => c.card_id.clone(),
                     Command::WalletFault(c) => c.card_id.clone(),
-                    _ => String::new(),
+                    _ => String::new().into(),
                 };
                 CommandKey { stage: None, id: card_id }
             }
@@ -1186,7 +1186,7 @@ impl OutputKey {
             OutputBody::DispatchRejected { order_id, .. } => order_id,
             OutputBody::CommandRejected { event_id, .. } => event_id,
         };
-        OutputKey { id: id.clone() }
+        OutputKey { id: id.to_string() }
     }
 }
 

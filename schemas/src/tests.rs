@@ -323,7 +323,7 @@ fn command_keys_follow_the_routing() {
     assert_eq!(key("merchant_deposit"), CommandKey { stage: Some(StageKind::Merchant), id: "m1".into() });
     assert_eq!(key("crawl_result"), CommandKey { stage: Some(StageKind::Agent), id: "u1".into() });
     assert_eq!(key("payout_created"), CommandKey { stage: Some(StageKind::Order), id: "p1".into() });
-    assert_eq!(key("tick"), CommandKey { stage: None, id: String::new() });
+    assert_eq!(key("tick"), CommandKey { stage: None, id: String::new().into() });
     assert_eq!(key("wallet_fault"), CommandKey { stage: None, id: "k1".into() });
 }
 
@@ -452,7 +452,7 @@ fn every_message() -> Vec<Message> {
             event_id: "e9".into(),
             input_type: "admin_approve",
             command,
-            operator: operator.map(str::to_string),
+            operator: operator.map(pipelines::Text::from),
         })
     };
     let mut messages = vec![
@@ -564,7 +564,7 @@ fn every_record_the_stages_exchange_in_the_golden_scenarios_round_trips() {
         let mut next_id = |source: &str| {
             let offset = offsets.entry(source.to_string()).or_insert(0);
             *offset += 1;
-            RecordId { source: source.to_string(), offset: *offset, index: 0 }
+            RecordId { source: source.to_string().into(), offset: *offset, index: 0 }
         };
         let mut queue = std::collections::VecDeque::new();
         for input in input.iter().cloned() {

@@ -25,8 +25,8 @@ pub(crate) fn optional(value: Option<Value>) -> Value {
     }
 }
 
-pub(crate) fn optional_string(text: &Option<String>) -> Value {
-    optional(text.as_deref().map(string))
+pub(crate) fn optional_string<Text: AsRef<str>>(text: &Option<Text>) -> Value {
+    optional(text.as_ref().map(|text| string(text.as_ref())))
 }
 
 pub(crate) fn timestamp(time: Timestamp) -> Value {
@@ -201,9 +201,10 @@ impl Fields {
         })
     }
 
-    pub(crate) fn string(&mut self, name: &str) -> Result<String> {
+    /// A string field, as whichever owned string type the event holds (`String` or the engine's `Text`).
+    pub(crate) fn string<Text: From<String>>(&mut self, name: &str) -> Result<Text> {
         let value = self.take(name)?;
-        self.as_string(name, value)
+        self.as_string(name, value).map(Text::from)
     }
 
     fn as_string(&self, name: &str, value: Value) -> Result<String> {
@@ -213,8 +214,8 @@ impl Fields {
         }
     }
 
-    pub(crate) fn optional_string(&mut self, name: &str) -> Result<Option<String>> {
-        self.optional(name)?.map(|value| self.as_string(name, value)).transpose()
+    pub(crate) fn optional_string<Text: From<String>>(&mut self, name: &str) -> Result<Option<Text>> {
+        self.optional(name)?.map(|value| self.as_string(name, value).map(Text::from)).transpose()
     }
 
     pub(crate) fn boolean(&mut self, name: &str) -> Result<bool> {

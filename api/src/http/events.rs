@@ -252,13 +252,14 @@ fn append(state: &ApiState, inputs: Vec<Input>) -> Result<AcceptedBody, ApiError
     if inputs.is_empty() {
         return Ok(AcceptedBody { accepted: Vec::new() });
     }
-    let event_ids: Vec<String> = inputs.iter().map(|input| input.event_id.clone()).collect();
+    let event_ids: Vec<pipelines::Text> = inputs.iter().map(|input| input.event_id.clone()).collect();
     let appended = state.pipeline.append(inputs)?;
     if appended.len() != event_ids.len() {
         let message = format!("{} inputs appended as {} records", event_ids.len(), appended.len());
         return Err(ApiError::Internal(message));
     }
-    let accepted = event_ids.into_iter().zip(appended).map(|(event_id, outcome)| accepted_event(event_id, outcome));
+    let accepted =
+        event_ids.into_iter().zip(appended).map(|(event_id, outcome)| accepted_event(event_id.to_string(), outcome));
     let accepted: Vec<AcceptedEvent> = accepted.collect();
     tracing::debug!(count = accepted.len(), "inputs appended");
     Ok(AcceptedBody { accepted })

@@ -69,12 +69,12 @@ impl PipelineHandle for FakePipeline {
         let mut positions = self.positions.lock().unwrap();
         let mut outcomes = Vec::new();
         for input in inputs {
-            if let Some(&position) = positions.get(&input.event_id) {
+            if let Some(&position) = positions.get(input.event_id.as_str()) {
                 outcomes.push(Appended::Duplicate { position });
                 continue;
             }
             let position = appended.len() as u64;
-            positions.insert(input.event_id.clone(), position);
+            positions.insert(input.event_id.to_string(), position);
             appended.push(input);
             outcomes.push(Appended::New { position });
         }
@@ -589,7 +589,7 @@ async fn typed_endpoints_build_their_events() {
     assert!(matches!(&appended[2].command, Command::AdminCancelPayout(cancel) if cancel.order_id == "o2"));
     assert!(matches!(&appended[3].command, Command::PaymentConfirmed(confirm) if confirm.utr.is_none()));
     let Command::PayoutCreated(payout) = &appended[4].command else { panic!("{:?}", appended[4]) };
-    assert_eq!(payout.payee, Party { vpa: Some("a@b".to_string()), ..Party::default() });
+    assert_eq!(payout.payee, Party { vpa: Some("a@b".into()), ..Party::default() });
     assert!(matches!(&appended[5].command, Command::CardReauthenticated(reauth) if reauth.user_id == "u1"));
 
     let nameless = json!({"order_id": "p2", "amount": "50.00", "payee": {"name": "A"}});

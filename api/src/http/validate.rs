@@ -51,19 +51,19 @@ impl<'a> Known<'a> {
     pub fn record(&mut self, command: &Command) {
         match command {
             Command::MerchantRegistered(registered) => {
-                self.merchants.insert(registered.merchant_id.clone());
+                self.merchants.insert(registered.merchant_id.to_string());
             }
             Command::UserRegistered(registered) => {
-                self.users.insert(registered.user_id.clone());
+                self.users.insert(registered.user_id.to_string());
             }
             Command::CardBound(bound) => {
-                self.cards.insert(bound.card_id.clone(), bound.user_id.clone());
+                self.cards.insert(bound.card_id.to_string(), bound.user_id.to_string());
             }
             Command::CollectionCreated(created) => {
-                self.orders.insert(created.order_id.clone());
+                self.orders.insert(created.order_id.to_string());
             }
             Command::PayoutCreated(created) => {
-                self.orders.insert(created.order_id.clone());
+                self.orders.insert(created.order_id.to_string());
             }
             _ => {}
         }

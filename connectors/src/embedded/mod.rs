@@ -615,7 +615,7 @@ fn tick(
         // tick was applied (by a message stamped earlier); its id must differ from the last one's.
         let id = next_tick_id(now_ms, applied, last);
         let record = StageRecord {
-            id: RecordId { source: TICKER_SOURCE.to_string(), offset: id.0, index: id.1 },
+            id: RecordId { source: TICKER_SOURCE.to_string().into(), offset: id.0, index: id.1 },
             at: Timestamp::from_millis(now_ms),
             body: RecordBody::Tick,
         };
@@ -638,9 +638,11 @@ fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
     use pipelines::input::Command;
     let shared = match command {
         Command::CollectionCreated(created) => {
-            vec![(format!("order:{}", created.order_id), created.merchant_id.clone())]
+            vec![(format!("order:{}", created.order_id), created.merchant_id.to_string())]
         }
-        Command::PayoutCreated(created) => vec![(format!("order:{}", created.order_id), created.merchant_id.clone())],
+        Command::PayoutCreated(created) => {
+            vec![(format!("order:{}", created.order_id), created.merchant_id.to_string())]
+        }
         Command::UserRegistered(registered) => vec![(format!("user:{}", registered.user_id), String::new())],
         Command::MerchantRegistered(registered) => {
             vec![(format!("merchant:{}", registered.merchant_id), String::new())]
@@ -648,7 +650,7 @@ fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
         _ => Vec::new(),
     };
     let exclusive = match command {
-        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.clone())],
+        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.to_string())],
         _ => Vec::new(),
     };
     (shared, exclusive)
@@ -681,7 +683,7 @@ impl Inner {
     }
 
     fn records_of(&self, input: Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-        let id = |index: u32| RecordId { source: INGEST_SOURCE.to_string(), offset: position, index };
+        let id = |index: u32| RecordId { source: INGEST_SOURCE.to_string().into(), offset: position, index };
         let at = input.at;
         match route_input(input) {
             Routed::Message(message) => {
@@ -716,8 +718,8 @@ impl PipelineHandle for Embedded {
                 "this instance does not ingest (--no-ingest): send inputs to the instance that does".to_string(),
             ));
         }
-        let event_ids: Vec<String> = inputs.iter().map(|input| input.event_id.clone()).collect();
-        let event_id_refs: Vec<&str> = event_ids.iter().map(String::as_str).collect();
+        let event_ids: Vec<pipelines::Text> = inputs.iter().map(|input| input.event_id.clone()).collect();
+        let event_id_refs: Vec<&str> = event_ids.iter().map(pipelines::Text::as_str).collect();
         let ats: Vec<i64> = inputs.iter().map(|input| input.at.millis()).collect();
         // Each input is moved into its records once the store asks for it (no copy on this hot path).
         let mut pending: Vec<Option<Input>> = inputs.into_iter().map(Some).collect();

@@ -33,20 +33,20 @@ const RETRY_BACKOFF_MS: u64 = 500;
 /// What the projector last wrote, to write only what changed.
 #[derive(Default)]
 struct Written {
-    user_journal_seq: HashMap<String, u64>,
-    merchant_journal_seq: HashMap<String, u64>,
+    user_journal_seq: HashMap<pipelines::Text, u64>,
+    merchant_journal_seq: HashMap<pipelines::Text, u64>,
     /// Per agent: bill line key → fingerprint of the item written.
-    bill_lines: HashMap<String, BTreeMap<BillLineKey, u64>>,
+    bill_lines: HashMap<pipelines::Text, BTreeMap<BillLineKey, u64>>,
     /// (order id, seq) → fingerprint of the sub-order's part of its order's view.
-    sub_orders: HashMap<(String, u32), u64>,
+    sub_orders: HashMap<(pipelines::Text, u32), u64>,
     /// Per agent: sub-orders written to the review queue.
-    reviewing: HashMap<String, BTreeSet<(String, u32)>>,
-    card_owners: BTreeSet<String>,
+    reviewing: HashMap<pipelines::Text, BTreeSet<(pipelines::Text, u32)>>,
+    card_owners: BTreeSet<pipelines::Text>,
 }
 
 pub struct Projector {
     model: std::sync::Arc<dyn ReadModel>,
-    touched: Mutex<BTreeSet<(StageKind, String)>>,
+    touched: Mutex<BTreeSet<(StageKind, pipelines::Text)>>,
     pub(super) doorbell: Doorbell,
     written: Mutex<Written>,
     /// Keys taken for the projection being written (they count as pending until it is).
@@ -79,7 +79,7 @@ impl Projector {
     }
 
     /// Keys a committed batch touched.
-    pub(super) fn mark(&self, keys: impl IntoIterator<Item = (StageKind, String)>) {
+    pub(super) fn mark(&self, keys: impl IntoIterator<Item = (StageKind, pipelines::Text)>) {
         let mut touched = lock(&self.touched);
         let before = touched.len();
         touched.extend(keys);
@@ -132,7 +132,7 @@ impl Projector {
     /// Projects up to [`KEYS_PER_PROJECTION_MAX`] marked keys; false when none were marked. Keys of a
     /// projection that failed retryably are marked again.
     fn step(&self, inner: &Inner) -> Result<bool, RuntimeError> {
-        let keys: Vec<(StageKind, String)> = {
+        let keys: Vec<(StageKind, pipelines::Text)> = {
             let mut touched = lock(&self.touched);
             let taken: Vec<_> = touched.iter().take(KEYS_PER_PROJECTION_MAX).cloned().collect();
             for key in &taken {
@@ -157,7 +157,7 @@ impl Projector {
         result.map(|()| true)
     }
 
-    fn forget(&self, keys: &[(StageKind, String)]) {
+    fn forget(&self, keys: &[(StageKind, pipelines::Text)]) {
         let mut written = lock(&self.written);
         for (kind, key) in keys {
             match kind {
@@ -187,15 +187,15 @@ impl Projector {
         Ok(offsets.into_iter().fold(1u64, u64::saturating_add))
     }
 
-    fn project(&self, inner: &Inner, keys: &[(StageKind, String)]) -> Result<(), RuntimeError> {
+    fn project(&self, inner: &Inner, keys: &[(StageKind, pipelines::Text)]) -> Result<(), RuntimeError> {
         // Sharing the partitions, a projection and a change of assignment exclude each other: no row of
         // a partition is written once it is revoked (its next owner projects every key again).
         let _gate = crate::runtime::read_lock(&inner.gate);
         let partitions = inner.config.partitions;
-        let owned = |(kind, key): &&(StageKind, String)| {
+        let owned = |(kind, key): &&(StageKind, pipelines::Text)| {
             inner.is_assigned(&stage_log(*kind, pipelines::partition::partition_of(key, partitions)))
         };
-        let keys: Vec<&(StageKind, String)> = keys.iter().filter(owned).collect();
+        let keys: Vec<&(StageKind, pipelines::Text)> = keys.iter().filter(owned).collect();
         let version = Self::version(inner)?;
         let mut writes = Vec::new();
         let mut written = lock(&self.written);
@@ -207,7 +207,7 @@ impl Projector {
                     else {
                         continue; // not shown yet (a creation the merchant stage has not accepted)
                     };
-                    writes.push(Write::Order { order_id: key.clone(), merchant_id, version, view });
+                    writes.push(Write::Order { order_id: key.to_string(), merchant_id, version, view });
                 }
                 StageKind::Merchant => self.merchant_writes(inner, key, version, &mut written, &mut writes),
                 StageKind::Agent => self.agent_writes(inner, key, version, &mut written, &mut writes),
@@ -233,7 +233,7 @@ impl Projector {
         if let Some((entries, more)) = new_journal_entries(&mut written.merchant_journal_seq, merchant_id, page) {
             writes.push(Write::MerchantJournal { merchant_id: merchant_id.to_string(), entries });
             if more {
-                self.mark([(StageKind::Merchant, merchant_id.to_string())]);
+                self.mark([(StageKind::Merchant, pipelines::Text::from(merchant_id))]);
             }
         }
     }
@@ -245,7 +245,7 @@ impl Projector {
         if let Some((entries, more)) = new_journal_entries(&mut written.user_journal_seq, user_id, page) {
             writes.push(Write::UserJournal { user_id: user_id.to_string(), entries });
             if more {
-                self.mark([(StageKind::Agent, user_id.to_string())]);
+                self.mark([(StageKind::Agent, pipelines::Text::from(user_id))]);
             }
         }
         reads::with_agent(inner, user_id, |agent| {
@@ -253,7 +253,11 @@ impl Projector {
             sub_order_writes(agent, version, written, writes);
             for card_id in agent.cards.keys() {
                 if written.card_owners.insert(card_id.clone()) {
-                    writes.push(Write::CardOwner { card_id: card_id.clone(), user_id: user_id.to_string(), version });
+                    writes.push(Write::CardOwner {
+                        card_id: card_id.to_string(),
+                        user_id: user_id.to_string(),
+                        version,
+                    });
                 }
             }
         });
@@ -263,7 +267,7 @@ impl Projector {
 /// The journal entries of `owner` after the last one written, as (seq, entry), and whether more follow;
 /// remembers the last one. None when there are none.
 fn new_journal_entries(
-    written_seq: &mut HashMap<String, u64>,
+    written_seq: &mut HashMap<pipelines::Text, u64>,
     owner: &str,
     page: impl FnOnce(u64) -> Option<crate::runtime::Page>,
 ) -> Option<(Vec<(u64, Value)>, bool)> {
@@ -272,7 +276,7 @@ fn new_journal_entries(
     let entries: Vec<(u64, Value)> =
         page.items.into_iter().filter_map(|item| item["seq"].as_u64().map(|seq| (seq, item))).collect();
     let last = entries.last()?.0;
-    written_seq.insert(owner.to_string(), last);
+    written_seq.insert(owner.to_string().into(), last);
     Some((entries, page.next_cursor.is_some()))
 }
 
@@ -284,10 +288,10 @@ fn bill_writes(agent: &Agent, version: u64, written: &mut Written, writes: &mut 
         for bill_line in card.bill.lines_after(None) {
             let item = reads::bill_item(agent, card_id, bill_line);
             let key = BillLineKey {
-                user_id: agent.user_id.clone(),
-                card_id: card_id.clone(),
+                user_id: agent.user_id.to_string(),
+                card_id: card_id.to_string(),
                 time_ms: bill_line.line.time.millis(),
-                txn_id: bill_line.line.txn_id.clone(),
+                txn_id: bill_line.line.txn_id.to_string(),
             };
             let print = fingerprint(&item.to_string());
             if before.get(&key) != Some(&print) {
@@ -312,12 +316,12 @@ fn sub_order_writes(agent: &Agent, version: u64, written: &mut Written, writes: 
             let print = fingerprint(&view.to_string());
             if written.sub_orders.get(&key) != Some(&print) {
                 written.sub_orders.insert(key.clone(), print);
-                writes.push(Write::SubOrder { order_id: key.0.clone(), seq: key.1, version, view });
+                writes.push(Write::SubOrder { order_id: key.0.to_string(), seq: key.1, version, view });
             }
         }
         if sub.state == SubState::Reviewing {
             writes.push(Write::Review {
-                order_id: key.0.clone(),
+                order_id: key.0.to_string(),
                 seq: key.1,
                 version,
                 view: Some(review_item(agent, sub)),
@@ -327,7 +331,7 @@ fn sub_order_writes(agent: &Agent, version: u64, written: &mut Written, writes: 
     }
     let before = written.reviewing.remove(&agent.user_id).unwrap_or_default();
     for (order_id, seq) in before.difference(&reviewing) {
-        writes.push(Write::Review { order_id: order_id.clone(), seq: *seq, version, view: None });
+        writes.push(Write::Review { order_id: order_id.to_string(), seq: *seq, version, view: None });
     }
     written.reviewing.insert(agent.user_id.clone(), reviewing);
 }

@@ -93,7 +93,7 @@ pub(super) fn order_part(inner: &Inner, order_id: &str) -> Option<Value> {
 
 pub(super) fn order_merchant(inner: &Inner, order_id: &str) -> Option<String> {
     let order_guard = guard(inner, StageKind::Order, order_id)?;
-    orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.clone())
+    (orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.clone())).map(String::from)
 }
 
 pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {
@@ -133,7 +133,7 @@ pub(super) fn user_bill_table(inner: &Inner, user_id: &str, cursor: Option<&str>
     let mut next_cursor = None;
     for (card_id, card) in &agent.cards {
         let within = match &after {
-            Some((after_card, _, _)) if card_id < after_card => continue,
+            Some((after_card, _, _)) if card_id.as_str() < after_card.as_str() => continue,
             Some((after_card, time, txn_id)) if card_id == after_card => Some((*time, txn_id.as_str())),
             _ => None,
         };
@@ -199,7 +199,7 @@ pub(super) fn review_queue(inner: &Inner, cursor: Option<&str>, limit: usize) ->
         let Some(stage) = agents(guard) else { continue };
         for agent in stage.agents.values() {
             for sub in agent.subs.iter().filter(|sub| sub.state == SubState::Reviewing) {
-                waiting.insert((sub.order_id.clone(), sub.seq), review_item(agent, sub));
+                waiting.insert((sub.order_id.to_string(), sub.seq), review_item(agent, sub));
             }
         }
     }
@@ -235,7 +235,7 @@ pub(super) fn with_agent(inner: &Inner, user_id: &str, visit: impl FnOnce(&Agent
 }
 
 /// Every key in the partitions' state, as (stage, key).
-pub(super) fn all_keys(inner: &Inner) -> Vec<(StageKind, String)> {
+pub(super) fn all_keys(inner: &Inner) -> Vec<(StageKind, pipelines::Text)> {
     let mut keys = Vec::new();
     for lock in inner.partitions.values() {
         let partition = read_lock(lock);
@@ -253,7 +253,7 @@ pub(super) fn all_keys(inner: &Inner) -> Vec<(StageKind, String)> {
 pub(super) fn card_owner(inner: &Inner, card_id: &str) -> Option<String> {
     all_guards(inner, StageKind::Agent)
         .iter()
-        .find_map(|guard| agents(guard).and_then(|stage| stage.card_owner.get(card_id).cloned()))
+        .find_map(|guard| agents(guard).and_then(|stage| stage.card_owner.get(card_id).map(|owner| owner.to_string())))
 }
 
 /// The SPEC §9 document of every partition's state and the outputs log.

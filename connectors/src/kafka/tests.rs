@@ -31,17 +31,20 @@ fn read_all(store: &KafkaStore, log: &str) -> Vec<(u64, Vec<u8>)> {
 /// A tick record of the runtime (JSON, as the runtime hands records to a store), from `source` at `offset`.
 fn tick(source: &str, offset: u64) -> Vec<u8> {
     let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
-    let record =
-        StageRecord { id: RecordId { source: source.to_string(), offset, index: 0 }, at, body: RecordBody::Tick };
+    let record = StageRecord {
+        id: RecordId { source: source.to_string().into(), offset, index: 0 },
+        at,
+        body: RecordBody::Tick,
+    };
     crate::runtime::encode(&record).expect("encodes")
 }
 
 /// An output record of the runtime: a notification caused by `source` at `offset`.
 fn output(source: &str, offset: u64) -> Vec<u8> {
     let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
-    let body = pipelines::output::OutputBody::SessionRevoked { user_id: "u1".to_string() };
+    let body = pipelines::output::OutputBody::SessionRevoked { user_id: "u1".into() };
     let record = OutputRecord {
-        id: RecordId { source: source.to_string(), offset, index: 0 },
+        id: RecordId { source: source.to_string().into(), offset, index: 0 },
         output: pipelines::output::Output { at, body },
     };
     crate::runtime::encode(&record).expect("encodes")
@@ -363,7 +366,7 @@ fn a_read_model_rebuilt_from_the_topics_equals_the_live_one() {
     );
     // The live pipeline was not fenced: it still commits.
     let more = scenario_inputs().into_iter().take(1).map(|mut input| {
-        input.event_id = "after-reprocess".to_string();
+        input.event_id = "after-reprocess".into();
         input
     });
     assert!(pipeline.append(more.collect()).is_ok());
@@ -780,7 +783,7 @@ fn instances_share_the_partitions_and_rebalances_restore_them_from_the_changelog
 }
 
 /// The record ids in `log`, with how many times each appears.
-fn record_id_counts(store: &KafkaStore, log: &str) -> std::collections::BTreeMap<(String, u64, u32), usize> {
+fn record_id_counts(store: &KafkaStore, log: &str) -> std::collections::BTreeMap<(pipelines::Text, u64, u32), usize> {
     let mut counts = std::collections::BTreeMap::new();
     for (_, bytes) in read_all(store, log) {
         let id = if log == OUTPUTS_LOG {

@@ -249,7 +249,7 @@ pub struct WriteBatch {
     pub offsets: Vec<(String, u64)>,
     /// Keys whose state the batch may have changed (not stored: what a read model projects again once
     /// the batch is committed).
-    pub touched: Vec<(pipelines::partition::StageKind, String)>,
+    pub touched: Vec<(pipelines::partition::StageKind, pipelines::Text)>,
     /// Partition snapshots, each as of the offset committed with it.
     pub snapshots: Vec<Snapshot>,
 }
@@ -474,7 +474,7 @@ fn encode_produced(
     batch: &mut WriteBatch,
 ) -> Result<(), RuntimeError> {
     use pipelines::partition::{destination, partition_of, RecordBody, RecordId, StageRecord};
-    let id = |index: usize| RecordId { source: log.to_string(), offset, index: index as u32 };
+    let id = |index: usize| RecordId { source: log.to_string().into(), offset, index: index as u32 };
     let first_output = produced.messages.len();
     for (index, (at, message)) in produced.messages.drain(..).enumerate() {
         let (kind, key) = destination(&message);
@@ -570,7 +570,7 @@ pub(crate) mod tests {
         let at = input.at;
         let Routed::Message(message) = route_input(input) else { panic!("routed to a stage") };
         StageRecord {
-            id: RecordId { source: "ingest".to_string(), offset: 0, index: 0 },
+            id: RecordId { source: "ingest".into(), offset: 0, index: 0 },
             at,
             body: RecordBody::Message { message },
         }

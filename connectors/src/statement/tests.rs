@@ -102,9 +102,9 @@ fn replay_sim(events: &[Value]) -> (WalletSim, Timestamp) {
 fn list(card_id: &str, order: Option<PageOrder>, from: Option<Timestamp>, limit: Option<u32>) -> CrawlRequested {
     let mode = if order == Some(PageOrder::Asc) { CrawlMode::OrderCheck } else { CrawlMode::Reservoir };
     CrawlRequested {
-        request_id: format!("{card_id}:1"),
-        user_id: "u1".to_string(),
-        card_id: card_id.to_string(),
+        request_id: format!("{card_id}:1").into(),
+        user_id: "u1".into(),
+        card_id: card_id.to_string().into(),
         provider: Provider::Phonepe,
         mode,
         order,
@@ -115,7 +115,11 @@ fn list(card_id: &str, order: Option<PageOrder>, from: Option<Timestamp>, limit:
 }
 
 fn detail(card_id: &str, txn_id: &str) -> CrawlRequested {
-    CrawlRequested { mode: CrawlMode::Detail, txn_id: Some(txn_id.to_string()), ..list(card_id, None, None, None) }
+    CrawlRequested {
+        mode: CrawlMode::Detail,
+        txn_id: Some(txn_id.to_string().into()),
+        ..list(card_id, None, None, None)
+    }
 }
 
 fn assert_error(result: &CrawlResult, error: CrawlError) {

@@ -329,15 +329,15 @@ fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
 /// A `CrawlRequested` for `WalletSim::answer`: only the card, mode and paging matter to it.
 fn sim_request(card_id: String, mode: CrawlMode, query: ListQuery, txn_id: Option<String>) -> CrawlRequested {
     CrawlRequested {
-        request_id: String::new(),
-        user_id: String::new(),
-        card_id,
+        request_id: String::new().into(),
+        user_id: pipelines::Text::default(),
+        card_id: card_id.into(),
         provider: Provider::Other,
         mode,
         order: query.order,
         from: query.from,
         limit: query.limit,
-        txn_id,
+        txn_id: txn_id.map(pipelines::Text::from),
     }
 }
 

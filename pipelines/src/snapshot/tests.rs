@@ -38,7 +38,7 @@ struct Rest {
     answers_created: u64,
     /// The next offset each producer appends at.
     offsets: BTreeMap<String, u64>,
-    seen: BTreeSet<String>,
+    seen: BTreeSet<crate::Text>,
     /// Everything the partitions did, serialized: what two runs are compared on.
     log: Vec<String>,
 }
@@ -86,7 +86,7 @@ impl Driver {
                 let offset = self.next_id("ingest");
                 let mut queue = VecDeque::new();
                 for address in self.partitions.keys() {
-                    let id = RecordId { source: "ingest".to_string(), offset, index: 0 };
+                    let id = RecordId { source: "ingest".into(), offset, index: 0 };
                     queue.push_back((*address, StageRecord { id, at, body: RecordBody::Tick }));
                 }
                 self.drain(queue);
@@ -105,7 +105,7 @@ impl Driver {
     fn deliver(&mut self, at: Timestamp, source: &str, offset: u64, message: Message) {
         let (kind, key) = destination(&message);
         let address = (kind, partition_of(key, self.rest.partitions));
-        let id = RecordId { source: source.to_string(), offset, index: 0 };
+        let id = RecordId { source: source.to_string().into(), offset, index: 0 };
         self.drain(VecDeque::from([(address, StageRecord { id, at, body: RecordBody::Message { message } })]));
     }
 
@@ -124,7 +124,7 @@ impl Driver {
                 (Some(answer_at), timer) if timer.is_none_or(|(timer_at, _)| answer_at <= timer_at) => {
                     let Some((_, request)) = self.rest.answers.pop_first() else { unreachable!() };
                     let result = self.rest.provider.result(&request, answer_at);
-                    let event_id = format!("provider:{}", request.request_id);
+                    let event_id = compact_str::format_compact!("provider:{}", request.request_id);
                     if self.rest.seen.insert(event_id.clone()) {
                         let message = Message::Agent {
                             user_id: request.user_id.clone(),
@@ -136,7 +136,7 @@ impl Driver {
                 }
                 (_, Some((at, address))) => {
                     let offset = self.next_id("ticker");
-                    let id = RecordId { source: "ticker".to_string(), offset, index: 0 };
+                    let id = RecordId { source: "ticker".into(), offset, index: 0 };
                     self.drain(VecDeque::from([(address, StageRecord { id, at, body: RecordBody::Tick })]));
                 }
                 (_, None) => break,
@@ -174,7 +174,7 @@ impl Driver {
                 self.rest.log.push(serde_json::to_string(&(at, &message)).expect("a message serializes"));
                 let (kind, key) = destination(&message);
                 let to = (kind, partition_of(key, self.rest.partitions));
-                let id = RecordId { source: source.clone(), offset, index: index as u32 };
+                let id = RecordId { source: source.clone().into(), offset, index: index as u32 };
                 queue.push_back((to, StageRecord { id, at, body: RecordBody::Message { message } }));
             }
         }

@@ -6,6 +6,7 @@ use crate::input::Command;
 use crate::money::{Money, Rate};
 use crate::output::{Reason, Rejection};
 use crate::time::Timestamp;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 
@@ -33,32 +34,32 @@ pub struct MerchantEntry {
     pub kind: MerchantEntryKind,
     pub available_change: Money,
     pub reserve_change: Money,
-    pub order_id: Option<String>,
+    pub order_id: Option<Text>,
     pub before: MerchantBalances,
     pub after: MerchantBalances,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Merchant {
-    pub merchant_id: String,
+    pub merchant_id: Text,
     pub collection_fee_rate: Rate,
     pub payout_fee_rate: Rate,
     pub payout_fee_fixed: Money,
-    pub callback_url: Option<String>,
+    pub callback_url: Option<Text>,
     pub balances: MerchantBalances,
     pub journal: Vec<MerchantEntry>,
     /// Net credited per successful collection, for the claw-back of R-ADMIN-3.
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub collection_net: HashMap<String, Money>,
+    pub collection_net: HashMap<Text, Money>,
     /// Payable reserved per open payout (R-MER-3), released by R-MER-4.
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub payout_payable: HashMap<String, Money>,
+    pub payout_payable: HashMap<Text, Money>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct MerchantStage {
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub merchants: HashMap<String, Merchant>,
+    pub merchants: HashMap<Text, Merchant>,
 }
 
 struct Fees {
@@ -110,7 +111,7 @@ impl Merchant {
             kind,
             available_change,
             reserve_change,
-            order_id: order_id.map(str::to_string),
+            order_id: order_id.map(Text::from),
             before,
             after,
         });
@@ -166,8 +167,8 @@ impl MerchantStage {
         match command {
             Command::MerchantRegistered(registered) => {
                 let fees = parse_fees(registered)?;
-                let merchant = self.merchants.entry(merchant_id.to_string()).or_insert_with(|| Merchant {
-                    merchant_id: merchant_id.to_string(),
+                let merchant = self.merchants.entry(merchant_id.into()).or_insert_with(|| Merchant {
+                    merchant_id: merchant_id.into(),
                     collection_fee_rate: Rate::zero(),
                     payout_fee_rate: Rate::zero(),
                     payout_fee_fixed: Money::ZERO,
@@ -221,7 +222,7 @@ impl MerchantStage {
         merchant
             .post(MerchantEntryKind::PayoutReserve, payable.negated(), payable, Some(order_id), at)
             .map_err(overflow)?;
-        merchant.payout_payable.insert(order_id.to_string(), payable);
+        merchant.payout_payable.insert(order_id.into(), payable);
         Ok(())
     }
 
@@ -238,7 +239,7 @@ impl MerchantStage {
         };
         let fee = actual.times_rate(merchant.collection_fee_rate)?;
         let net = actual.checked_sub(fee)?;
-        merchant.collection_net.insert(order_id.to_string(), net);
+        merchant.collection_net.insert(order_id.into(), net);
         merchant.post(MerchantEntryKind::CollectionCredit, net, Money::ZERO, Some(order_id), at)
     }
 

@@ -11,34 +11,35 @@ use crate::input::{CancelledBy, Command, Party};
 use crate::money::Money;
 use crate::output::{OrderKind, Output, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
+use crate::Text;
 use serde::{Deserialize, Serialize};
 
 /// An event between stages (or from the log to a stage), routed by its key.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Message {
-    Order { order_id: String, body: OrderBody },
-    Agent { user_id: String, body: AgentBody },
-    Merchant { merchant_id: String, body: MerchantBody },
+    Order { order_id: Text, body: OrderBody },
+    Agent { user_id: Text, body: AgentBody },
+    Merchant { merchant_id: Text, body: MerchantBody },
 }
 
 /// What the order stage consumes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum OrderBody {
     /// An input of the order stage (SPEC §5 table).
-    Input { event_id: String, command: Command },
+    Input { event_id: Text, command: Command },
     /// The merchant stage accepted a new order (and reserved a payout's funds, R-MER-3).
     CreationAccepted,
     /// The merchant stage refused a new order.
     CreationRefused {
-        event_id: String,
+        event_id: Text,
         #[serde(deserialize_with = "crate::input::deserialize_type_name")]
         input_type: crate::input::StaticName,
         rejection: Rejection,
     },
     /// The agent stage accepted a dispatch or grab (R-DSP-1, R-PAY-2).
-    DispatchAccepted { seq: u32, user_id: String, card_id: String },
+    DispatchAccepted { seq: u32, user_id: Text, card_id: Text },
     /// The agent stage refused a dispatch or grab.
-    DispatchRefused { user_id: String, reason: Reason },
+    DispatchRefused { user_id: Text, reason: Reason },
     /// A sub-order reached an outcome that concerns the main order.
     Outcome { seq: u32, outcome: SubOutcome },
 }
@@ -47,7 +48,7 @@ pub enum OrderBody {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum SubOutcome {
     /// R-MER-2: `actual` is the matched line's amount (or the operator's); `utr` back-fills the order.
-    CollectionSucceeded { actual: Money, utr: Option<String> },
+    CollectionSucceeded { actual: Money, utr: Option<Text> },
     /// Closed, cancelled, timed out or rejected (R-CLOSE-1, R-CLOSE-3, R-WAVE-2, R-ADMIN-1, R-REAUTH-1).
     CollectionCancelled,
     /// R-ADMIN-3: a success corrected to cancelled.
@@ -59,49 +60,49 @@ pub enum SubOutcome {
     /// R-ADMIN-4: the whole payout is cancelled.
     PayoutCancelled,
     /// A supplement's UTR, which becomes the order's if it had none (R-POST-1).
-    UtrAdded { utr: String },
+    UtrAdded { utr: Text },
 }
 
 /// What the agent stage consumes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum AgentBody {
     /// An input of the agent stage (SPEC §5 table).
-    Input { event_id: String, command: Command },
+    Input { event_id: Text, command: Command },
     /// A dispatch (collection) or grab (payout) the order stage passed on (R-DSP-1, R-PAY-2).
     Dispatch(DispatchRequest),
     /// An order command routed to the live (or last) sub-order.
     SubOrder {
-        order_id: String,
+        order_id: Text,
         seq: u32,
-        event_id: String,
+        event_id: Text,
         #[serde(deserialize_with = "crate::input::deserialize_type_name")]
         input_type: crate::input::StaticName,
         command: SubOrderCommand,
         /// The operator of an `admin_*` command, recorded with its decision (R-AUDIT-1).
-        operator: Option<String>,
+        operator: Option<Text>,
     },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DispatchRequest {
-    pub order_id: String,
+    pub order_id: Text,
     pub seq: u32,
     pub kind: OrderKind,
     pub amount: Money,
-    pub card_id: String,
+    pub card_id: Text,
     /// The order-level check that failed (order_not_pending, order_expired), reported in R-DSP-1 order.
     pub order_problem: Option<Reason>,
     pub expires_at: Option<Timestamp>,
     pub payee: Option<Party>,
     /// The order's UTR, which a collection's sub-order inherits.
-    pub utr: Option<String>,
+    pub utr: Option<Text>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum SubOrderCommand {
-    PaymentConfirmed { utr: Option<String> },
+    PaymentConfirmed { utr: Option<Text> },
     Cancel { by: CancelledBy },
-    Supplement { utr: Option<String> },
+    Supplement { utr: Option<Text> },
     Retry,
     Approve { amount: Option<Money> },
     Reject,
@@ -114,44 +115,44 @@ pub enum SubOrderCommand {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MerchantBody {
     Input {
-        event_id: String,
+        event_id: Text,
         command: Command,
     },
     /// Does the merchant exist? (a new collection, R-MER-1: nothing is reserved)
     ValidateCollection {
-        order_id: String,
-        event_id: String,
+        order_id: Text,
+        event_id: Text,
     },
     /// R-MER-3: reserve a new payout's payable or refuse it.
     ReservePayout {
-        order_id: String,
+        order_id: Text,
         amount: Money,
-        event_id: String,
+        event_id: Text,
     },
     /// R-MER-2.
     CollectionCredit {
-        order_id: String,
+        order_id: Text,
         actual: Money,
     },
     /// R-ADMIN-3.
     Clawback {
-        order_id: String,
+        order_id: Text,
     },
     /// R-MER-4 success.
     PayoutSpent {
-        order_id: String,
+        order_id: Text,
     },
     /// R-MER-4 cancel.
     PayoutRefund {
-        order_id: String,
+        order_id: Text,
     },
 }
 
 /// A timer: state of the stage that set it, fired deterministically at its due time (SPEC §3).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Timer {
-    Order { order_id: String, timer: order::OrderTimer },
-    Agent { user_id: String, timer: agent::AgentTimer },
+    Order { order_id: Text, timer: order::OrderTimer },
+    Agent { user_id: Text, timer: agent::AgentTimer },
     Provider(crate::wallet_sim::ProviderTimer),
 }
 
@@ -183,7 +184,7 @@ impl Effects {
     /// R-IN-1: answers a bad input with `command_rejected`; the caller changes nothing.
     pub fn reject(&mut self, event_id: &str, input_type: &'static str, rejection: Rejection) {
         self.emit(OutputBody::CommandRejected {
-            event_id: event_id.to_string(),
+            event_id: event_id.into(),
             input_type,
             reason: rejection.reason,
             message: rejection.message,

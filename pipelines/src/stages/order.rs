@@ -10,6 +10,7 @@ use crate::input::{Command, Party};
 use crate::money::Money;
 use crate::output::{CallbackStatus, OrderKind, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 
@@ -33,19 +34,19 @@ pub enum OrderTimer {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubOrderRef {
     pub seq: u32,
-    pub user_id: String,
-    pub card_id: String,
+    pub user_id: Text,
+    pub card_id: Text,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MainOrder {
-    pub order_id: String,
+    pub order_id: Text,
     pub kind: OrderKind,
-    pub merchant_id: String,
+    pub merchant_id: Text,
     pub amount: Money,
     pub state: OrderState,
     /// The first UTR the order ever had (SPEC §4).
-    pub utr: Option<String>,
+    pub utr: Option<Text>,
     pub expires_at: Option<Timestamp>,
     pub payee: Option<Party>,
     pub sub_orders: Vec<SubOrderRef>,
@@ -60,7 +61,7 @@ pub struct MainOrder {
     /// Commands that arrived while the order waited for another stage's answer (its creation, or a
     /// dispatch), applied in arrival order when the answer comes. In a partitioned run a merchant's
     /// next command can overtake the creation it depends on; replay never shows this state (SPEC §3).
-    pub waiting: Vec<(String, Command)>,
+    pub waiting: Vec<(Text, Command)>,
 }
 
 /// Commands that may wait for one order at most (more are refused: bounded state).
@@ -69,7 +70,7 @@ pub const ORDER_WAITING_COMMANDS_MAX: usize = 64;
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct OrderStage {
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub orders: HashMap<String, MainOrder>,
+    pub orders: HashMap<Text, MainOrder>,
 }
 
 fn refuse(effects: &mut Effects, event_id: &str, command: &Command, reason: Reason, message: impl Into<String>) {
@@ -104,7 +105,7 @@ impl OrderStage {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                 }
-                effects.emit(OutputBody::DispatchRejected { order_id: order_id.to_string(), user_id, reason });
+                effects.emit(OutputBody::DispatchRejected { order_id: order_id.into(), user_id, reason });
                 self.release_waiting(order_id, effects);
             }
             OrderBody::Outcome { seq, outcome } => self.on_outcome(order_id, seq, outcome, effects),
@@ -128,8 +129,7 @@ impl OrderStage {
         if let Some(order) = self.orders.get_mut(order_id) {
             order.creating = false;
             if let Some(expires_at) = order.expires_at {
-                effects
-                    .schedule(expires_at, Timer::Order { order_id: order_id.to_string(), timer: OrderTimer::Expiry });
+                effects.schedule(expires_at, Timer::Order { order_id: order_id.into(), timer: OrderTimer::Expiry });
             }
         }
     }
@@ -159,7 +159,7 @@ impl OrderStage {
             refuse(effects, event_id, &command, Reason::InvalidTransition, message);
             return None;
         }
-        order.waiting.push((event_id.to_string(), command));
+        order.waiting.push((event_id.into(), command));
         None
     }
 
@@ -236,7 +236,7 @@ impl OrderStage {
         kind: OrderKind,
         merchant_id: &str,
         amount: Money,
-        utr: Option<String>,
+        utr: Option<Text>,
         expires_at: Option<Timestamp>,
         payee: Option<Party>,
         effects: &mut Effects,
@@ -251,11 +251,11 @@ impl OrderStage {
             );
         }
         self.orders.insert(
-            order_id.to_string(),
+            order_id.into(),
             MainOrder {
-                order_id: order_id.to_string(),
+                order_id: order_id.into(),
                 kind,
-                merchant_id: merchant_id.to_string(),
+                merchant_id: merchant_id.into(),
                 amount,
                 state: OrderState::Pending,
                 utr,
@@ -271,13 +271,13 @@ impl OrderStage {
         );
         let body = match kind {
             OrderKind::Collection => {
-                MerchantBody::ValidateCollection { order_id: order_id.to_string(), event_id: event_id.to_string() }
+                MerchantBody::ValidateCollection { order_id: order_id.into(), event_id: event_id.into() }
             }
             OrderKind::Payout => {
-                MerchantBody::ReservePayout { order_id: order_id.to_string(), amount, event_id: event_id.to_string() }
+                MerchantBody::ReservePayout { order_id: order_id.into(), amount, event_id: event_id.into() }
             }
         };
-        effects.send(Message::Merchant { merchant_id: merchant_id.to_string(), body });
+        effects.send(Message::Merchant { merchant_id: merchant_id.into(), body });
     }
 
     /// R-DSP-1 / R-PAY-2: the order-level checks; the agent stage does the rest, in the rule's order.
@@ -286,8 +286,8 @@ impl OrderStage {
             Some(order) if !order.creating && order.kind == kind => order,
             _ => {
                 return effects.emit(OutputBody::DispatchRejected {
-                    order_id: order_id.to_string(),
-                    user_id: user_id.to_string(),
+                    order_id: order_id.into(),
+                    user_id: user_id.into(),
                     reason: Reason::UnknownOrder,
                 })
             }
@@ -303,11 +303,11 @@ impl OrderStage {
             order.dispatch_in_flight = true;
         }
         let request = DispatchRequest {
-            order_id: order_id.to_string(),
+            order_id: order_id.into(),
             seq: order.sub_orders.len() as u32 + 1,
             kind,
             amount: order.amount,
-            card_id: card_id.to_string(),
+            card_id: card_id.into(),
             order_problem,
             expires_at: order.expires_at,
             payee: order.payee.clone(),
@@ -315,7 +315,7 @@ impl OrderStage {
             // payment_confirmed events (SPEC §4).
             utr: if kind == OrderKind::Collection { order.utr.clone() } else { None },
         };
-        effects.send(Message::Agent { user_id: user_id.to_string(), body: AgentBody::Dispatch(request) });
+        effects.send(Message::Agent { user_id: user_id.into(), body: AgentBody::Dispatch(request) });
     }
 
     /// Order commands: handled here when the order alone decides, else routed to the sub-order's agent.
@@ -340,9 +340,9 @@ impl OrderStage {
         effects.send(Message::Agent {
             user_id: last.user_id.clone(),
             body: AgentBody::SubOrder {
-                order_id: order_id.to_string(),
+                order_id: order_id.into(),
                 seq: last.seq,
-                event_id: event_id.to_string(),
+                event_id: event_id.into(),
                 input_type: command.type_name(),
                 command: sub_command,
                 operator: operator_of(&command),
@@ -364,7 +364,7 @@ impl OrderStage {
                 if order.utr.is_none() {
                     order.utr = utr;
                 }
-                effects.send(merchant(MerchantBody::CollectionCredit { order_id: order_id.to_string(), actual }));
+                effects.send(merchant(MerchantBody::CollectionCredit { order_id: order_id.into(), actual }));
                 order.state = OrderState::Success;
                 order.actual_amount = Some(actual);
                 callback(order, CallbackStatus::Success, Some(actual), effects);
@@ -375,12 +375,12 @@ impl OrderStage {
             }
             SubOutcome::CollectionCorrected => {
                 order.actual_amount = None;
-                effects.send(merchant(MerchantBody::Clawback { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::Clawback { order_id: order_id.into() }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
             SubOutcome::PayoutSucceeded { paid_total } => {
-                effects.send(merchant(MerchantBody::PayoutSpent { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::PayoutSpent { order_id: order_id.into() }));
                 order.state = OrderState::Success;
                 order.actual_amount = Some(paid_total);
                 callback(order, CallbackStatus::Success, Some(paid_total), effects);
@@ -393,7 +393,7 @@ impl OrderStage {
                 }
             }
             SubOutcome::PayoutCancelled => {
-                effects.send(merchant(MerchantBody::PayoutRefund { order_id: order_id.to_string() }));
+                effects.send(merchant(MerchantBody::PayoutRefund { order_id: order_id.into() }));
                 order.state = OrderState::Cancelled;
                 callback(order, CallbackStatus::Cancelled, None, effects);
             }
@@ -502,7 +502,7 @@ fn cancel_pending(order: &mut MainOrder, effects: &mut Effects) {
 fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option<Money>, effects: &mut Effects) {
     order.callbacks_sent += 1;
     effects.emit(OutputBody::MerchantCallback {
-        callback_id: format!("{}:{}", order.order_id, order.callbacks_sent),
+        callback_id: compact_str::format_compact!("{}:{}", order.order_id, order.callbacks_sent),
         merchant_id: order.merchant_id.clone(),
         order_id: order.order_id.clone(),
         kind: order.kind,
@@ -514,7 +514,7 @@ fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option
 }
 
 /// The operator named by an operator command (R-AUDIT-1 records it with the decision).
-fn operator_of(command: &Command) -> Option<String> {
+fn operator_of(command: &Command) -> Option<Text> {
     match command {
         Command::AdminApprove(c) => Some(c.operator.clone()),
         Command::AdminReject(c) => Some(c.operator.clone()),

@@ -6,6 +6,7 @@ use super::{AgentTimer, Context};
 use crate::input::{CrawlError, CrawlResult, LineStatus, Provider};
 use crate::output::{CrawlMode, CrawlRequested, NotificationKind, OrderKind, OutputBody, PageOrder, Reason, Rejection};
 use crate::time::Timestamp;
+use crate::Text;
 
 /// Lines per provider page (R-CHK-2).
 pub const PAGE_LIMIT: u32 = 50;
@@ -215,15 +216,15 @@ impl Agent {
         card_id: &str,
         mode: CrawlMode,
         from: Option<Timestamp>,
-        txn_id: Option<String>,
+        txn_id: Option<Text>,
         context: &mut Context,
-    ) -> String {
+    ) -> Text {
         let now = context.effects.now;
         let Some(card) = self.cards.get_mut(card_id) else {
-            return String::new();
+            return Text::default();
         };
         card.requests_made += 1;
-        let request_id = format!("{card_id}:{}", card.requests_made);
+        let request_id = compact_str::format_compact!("{card_id}:{}", card.requests_made);
         let (order, limit) = match mode {
             CrawlMode::Detail => (None, None),
             CrawlMode::OrderCheck if card.provider == Provider::Phonepe => (Some(PageOrder::Asc), Some(PAGE_LIMIT)),
@@ -240,7 +241,7 @@ impl Agent {
         context.effects.emit(OutputBody::CrawlRequested(CrawlRequested {
             request_id: request_id.clone(),
             user_id: self.user_id.clone(),
-            card_id: card_id.to_string(),
+            card_id: card_id.into(),
             provider: card.provider,
             mode,
             order,
@@ -249,8 +250,7 @@ impl Agent {
             txn_id,
         }));
         let due = now.plus_seconds(context.config.crawl_timeout_s);
-        let timer =
-            self.timer(AgentTimer::CrawlTimeout { card_id: card_id.to_string(), request_id: request_id.clone() });
+        let timer = self.timer(AgentTimer::CrawlTimeout { card_id: card_id.into(), request_id: request_id.clone() });
         context.effects.schedule(due, timer);
         request_id
     }
@@ -266,9 +266,9 @@ impl Agent {
             }
             return;
         }
-        let request_id = self.send_request(card_id, CrawlMode::Detail, None, Some(txn_id.to_string()), context);
+        let request_id = self.send_request(card_id, CrawlMode::Detail, None, Some(txn_id.into()), context);
         if let Some(request) = self.cards.get_mut(card_id).and_then(|card| card.requests.get_mut(&request_id)) {
-            request.kind = RequestKind::Detail { txn_id: txn_id.to_string(), reason };
+            request.kind = RequestKind::Detail { txn_id: txn_id.into(), reason };
         }
     }
 
@@ -401,7 +401,7 @@ impl Agent {
                 card.check.retry_generation += 1;
                 let generation = card.check.retry_generation;
                 let due = now.plus_seconds(context.config.crawl_retry_s);
-                let timer = self.timer(AgentTimer::CrawlRetry { card_id: card_id.to_string(), generation });
+                let timer = self.timer(AgentTimer::CrawlRetry { card_id: card_id.into(), generation });
                 context.effects.schedule(due, timer);
                 return;
             }
@@ -581,7 +581,7 @@ impl Agent {
     /// R-PEND-1: a reservoir sync every interval, skipped while unauthenticated.
     fn reservoir_due(&mut self, card_id: &str, context: &mut Context) {
         let due = context.effects.now.plus_seconds(context.config.reservoir_interval_s);
-        let timer = self.timer(AgentTimer::Reservoir { card_id: card_id.to_string() });
+        let timer = self.timer(AgentTimer::Reservoir { card_id: card_id.into() });
         context.effects.schedule(due, timer);
         let Some(card) = self.cards.get(card_id) else {
             return;
@@ -594,7 +594,7 @@ impl Agent {
 
     fn on_reservoir_answer(&mut self, card_id: &str, asked_at: Timestamp, page: Page, context: &mut Context) {
         let Page { lines, txn_ids, .. } = page;
-        let page: rustc_hash::FxHashSet<String> = txn_ids.into_iter().collect();
+        let page: rustc_hash::FxHashSet<Text> = txn_ids.into_iter().collect();
         self.apply_statement(card_id, lines, asked_at, context);
         // Matched lines still processing that the latest-50 page does not contain: one detail each.
         let Some(card) = self.cards.get(card_id) else {
@@ -664,7 +664,7 @@ impl Agent {
         let record = &mut self.subs[sub];
         record.flags.remove(&Flag::IfscUnverified);
         if equal {
-            record.ifsc_verified.insert(txn_id.to_string());
+            record.ifsc_verified.insert(txn_id.into());
             record.note(now, "R-MATCH-P1", "ifsc_verified", format!("txn {txn_id}"));
             if used_by_sub {
                 self.evaluate_payout(sub, context);
@@ -672,7 +672,7 @@ impl Agent {
                 self.run_matching(card_id, asked_at, Some(sub), context);
             }
         } else {
-            record.ifsc_mismatch.insert(txn_id.to_string());
+            record.ifsc_mismatch.insert(txn_id.into());
             record.note(now, "R-MATCH-P1", "ifsc_mismatch", format!("txn {txn_id}: not this payee"));
             if used_by_sub {
                 record.matched_txn_ids.retain(|txn| txn != txn_id);
@@ -706,7 +706,7 @@ impl Agent {
         };
         if line.used_by.is_none() {
             line.used_by = Some(sub);
-            self.subs[sub].matched_txn_ids.push(txn_id.to_string());
+            self.subs[sub].matched_txn_ids.push(txn_id.into());
         } else if line.used_by != Some(sub) {
             return;
         }
@@ -768,7 +768,7 @@ pub(crate) struct Page {
     /// Time of the provider's last line (R-CHK-2).
     pub last_time: Option<Timestamp>,
     /// Every txn id of the page, for reservoir syncs (R-PEND-1 detail lookups).
-    pub txn_ids: Vec<String>,
+    pub txn_ids: Vec<Text>,
     /// The line of a detail answer.
     pub detail: Option<Line>,
 }

@@ -4,17 +4,18 @@ use super::state::*;
 use super::Context;
 use crate::input::LineStatus;
 use crate::output::{NotificationKind, OutputBody};
+use crate::Text;
 
 impl Agent {
     /// Merges fetched lines into the card's bill table; status updates of known lines overwrite.
     /// Returns the txn ids of matched lines whose status changed.
-    pub(crate) fn merge(&mut self, card_id: &str, lines: Vec<Line>) -> Vec<String> {
+    pub(crate) fn merge(&mut self, card_id: &str, lines: Vec<Line>) -> Vec<Text> {
         let Some(card) = self.cards.get_mut(card_id) else {
             return Vec::new();
         };
         let mut changed = Vec::new();
         for line in lines {
-            let errored_key = |time, txn: &str| (time, card_id.to_string(), txn.to_string());
+            let errored_key = |time, txn: &str| (time, Text::from(card_id), Text::from(txn));
             if let Some(existing) = card.bill.get_mut(&line.txn_id) {
                 if existing.line.status != line.status {
                     self.errored.remove(&errored_key(existing.line.time, &line.txn_id));
@@ -44,14 +45,14 @@ impl Agent {
         // Bound the table: evict the oldest lines no sub-order uses or waits on.
         while card.bill.len() > BILL_LINES_PER_CARD_MAX {
             let Some((time, txn_id)) = card.bill.evict_oldest_unused() else { break };
-            self.errored.remove(&(time, card_id.to_string(), txn_id));
+            self.errored.remove(&(time, card_id.into(), txn_id));
         }
         changed
     }
 
     /// Matched lines whose status changed: a `bill_pending` payout resolves (R-PEND-1); a final
     /// sub-order only records it for an operator (R-AUDIT-1).
-    pub(crate) fn resolve_changed_lines(&mut self, card_id: &str, changed: Vec<String>, context: &mut Context) {
+    pub(crate) fn resolve_changed_lines(&mut self, card_id: &str, changed: Vec<Text>, context: &mut Context) {
         for txn_id in changed {
             let Some(line) = self.cards.get(card_id).and_then(|card| card.bill.get(&txn_id)) else {
                 continue;
@@ -100,7 +101,7 @@ impl Agent {
         let lower = since.map_or(scan_from, |since| scan_from.max(since));
         let times: Vec<_> = self
             .errored
-            .range((lower, String::new(), String::new())..)
+            .range((lower, Text::const_new(""), Text::const_new(""))..)
             .map(|(time, _, _)| *time)
             .filter(|time| since.is_none_or(|since| *time > since))
             .collect();
@@ -128,8 +129,8 @@ impl Agent {
             at: context.effects.now,
             from: AgentStatus::Active,
             to: AgentStatus::Banned,
-            operator: "system".to_string(),
-            reason: format!("errored_flood count={count} window=[{start},{end})"),
+            operator: "system".into(),
+            reason: format!("errored_flood count={count} window=[{start},{end})").into(),
         });
         context.effects.emit(OutputBody::SessionRevoked { user_id: self.user_id.clone() });
         self.notify(

@@ -7,6 +7,7 @@ use super::AgentTimer;
 use crate::money::Money;
 use crate::stages::{Effects, Timer};
 use crate::time::Timestamp;
+use crate::Text;
 
 impl Agent {
     /// Runs `change` and journals it when `amount` is not zero (R-JRN-1, R-JRN-2).
@@ -30,7 +31,7 @@ impl Agent {
             at,
             kind,
             amount,
-            order_id: order_id.map(str::to_string),
+            order_id: order_id.map(Text::from),
             before,
             after,
         });
@@ -57,7 +58,7 @@ impl Agent {
         self.frozen = self.frozen.plus(amount);
         self.holds.push(Hold {
             id,
-            order_id: order_id.to_string(),
+            order_id: order_id.into(),
             amount,
             state: HoldState::Frozen,
             remaining: Money::ZERO,

@@ -7,6 +7,7 @@ use crate::input::{Counterparty, Direction, LineStatus, Party, Provider};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,10 +39,10 @@ fn free(line: &BillLine) -> bool {
 }
 
 enum Decision {
-    Collection { sub: usize, txn_id: String, rule: &'static str, record_utr: Option<String> },
-    Payout { sub: usize, txn_ids: Vec<String>, rule: &'static str },
+    Collection { sub: usize, txn_id: Text, rule: &'static str, record_utr: Option<Text> },
+    Payout { sub: usize, txn_ids: Vec<Text>, rule: &'static str },
     Ambiguous { sub: usize, lines: usize },
-    Detail { sub: usize, txn_id: String },
+    Detail { sub: usize, txn_id: Text },
 }
 
 impl Agent {
@@ -68,7 +69,7 @@ impl Agent {
             return;
         }
         // UTRs of the card's open sub-orders: a line carrying one is left out of C2, C3 and P2 for others.
-        let mut utr_owner: HashMap<String, BTreeSet<usize>> = HashMap::default();
+        let mut utr_owner: HashMap<Text, BTreeSet<usize>> = HashMap::default();
         for sub in &live {
             for utr in &self.subs[*sub].utrs {
                 utr_owner.entry(utr.clone()).or_default().insert(*sub);
@@ -147,7 +148,7 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
         without_utr_field: bool,
-    ) -> Vec<String> {
+    ) -> Vec<Text> {
         let record = &self.subs[sub];
         let (lower, upper) = window(record, check_time, context);
         card.bill
@@ -174,7 +175,7 @@ impl Agent {
         owned_by_other: &dyn Fn(&BillLine, usize) -> bool,
         context: &Context,
         with_utr: bool,
-    ) -> Vec<(usize, Vec<String>)> {
+    ) -> Vec<(usize, Vec<Text>)> {
         subs.iter()
             .copied()
             .filter(|sub| self.subs[*sub].utrs.is_empty() != with_utr && !self.subs[*sub].found)
@@ -193,7 +194,7 @@ impl Agent {
         context: &Context,
     ) -> Vec<Decision> {
         let lines_of = self.amount_candidates(card, subs, check_time, owned_by_other, context, true);
-        let mut subs_of: HashMap<String, usize> = HashMap::default();
+        let mut subs_of: HashMap<Text, usize> = HashMap::default();
         for txn_id in lines_of.iter().flat_map(|(_, lines)| lines) {
             *subs_of.entry(txn_id.clone()).or_default() += 1;
         }
@@ -225,10 +226,10 @@ impl Agent {
         let mut decisions = Vec::new();
         for group in equal_amount_groups(candidates) {
             let k = group.len();
-            let union: BTreeSet<&String> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
+            let union: BTreeSet<&Text> = group.iter().flat_map(|(_, lines)| lines.iter()).collect();
             let n = union.len();
             if n >= k {
-                let mut taken: BTreeSet<String> = BTreeSet::new();
+                let mut taken: BTreeSet<Text> = BTreeSet::new();
                 for (sub, lines) in &group {
                     if let Some(txn_id) = lines.iter().find(|txn_id| !taken.contains(*txn_id)) {
                         taken.insert(txn_id.clone());
@@ -332,7 +333,7 @@ impl Agent {
         &mut self,
         sub: usize,
         context: &mut Context,
-    ) -> Option<(String, Option<String>)> {
+    ) -> Option<(Text, Option<Text>)> {
         let card_id = self.subs[sub].card_id.clone();
         let card = self.cards.get(&card_id)?;
         let mut utr_owner: HashMap<&str, usize> = HashMap::default();
@@ -360,7 +361,7 @@ impl Agent {
         line.reserved_by = None;
         line.used_by = Some(sub);
         let record = &mut self.subs[sub];
-        record.matched_txn_ids.push(txn_id.to_string());
+        record.matched_txn_ids.push(txn_id.into());
         record.found = true;
         record.matched_since_confirmation = true;
         Some(line.line.clone())
@@ -455,7 +456,7 @@ enum Pass {
 
 /// Splits C3 candidates into groups of sub-orders linked by a line they could both take, each group
 /// in creation order (union-find over the candidate lines).
-fn equal_amount_groups(candidates: Vec<(usize, Vec<String>)>) -> Vec<Vec<(usize, Vec<String>)>> {
+fn equal_amount_groups(candidates: Vec<(usize, Vec<Text>)>) -> Vec<Vec<(usize, Vec<Text>)>> {
     let mut parent: Vec<usize> = (0..candidates.len()).collect();
     fn root(parent: &mut [usize], mut node: usize) -> usize {
         while parent[node] != node {
@@ -476,7 +477,7 @@ fn equal_amount_groups(candidates: Vec<(usize, Vec<String>)>) -> Vec<Vec<(usize,
         }
     }
     let roots: Vec<usize> = (0..candidates.len()).map(|index| root(&mut parent, index)).collect();
-    let mut groups: BTreeMap<usize, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+    let mut groups: BTreeMap<usize, Vec<(usize, Vec<Text>)>> = BTreeMap::new();
     for (index, candidate) in candidates.into_iter().enumerate() {
         groups.entry(roots[index]).or_default().push(candidate);
     }

@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::input::{Command, Provider};
 use crate::money::Money;
 use crate::output::{OrderKind, Reason, Rejection};
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -47,11 +48,11 @@ pub enum AgentTimer {
     /// R-MATCH-P1 detail retry.
     DetailRetry { sub: usize },
     /// R-CHK-1: no answer within `crawl_timeout` counts as busy.
-    CrawlTimeout { card_id: String, request_id: String },
+    CrawlTimeout { card_id: Text, request_id: Text },
     /// R-CHK-3: a busy check is asked again.
-    CrawlRetry { card_id: String, generation: u32 },
+    CrawlRetry { card_id: Text, generation: u32 },
     /// R-PEND-1.
-    Reservoir { card_id: String },
+    Reservoir { card_id: Text },
     /// R-DEBT-2.
     DebtSweep,
 }
@@ -62,11 +63,11 @@ pub struct AgentStage {
     #[serde(skip)]
     pub config: Config,
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub agents: HashMap<String, Agent>,
+    pub agents: HashMap<Text, Agent>,
     /// A card id belongs to one agent forever (SPEC §4). In a partitioned deployment this index is
     /// its own card-keyed partition; here it sits beside the agents it guards.
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub card_owner: HashMap<String, String>,
+    pub card_owner: HashMap<Text, Text>,
 }
 
 /// The context every agent handler works in.
@@ -91,8 +92,8 @@ impl AgentStage {
             AgentBody::Dispatch(request) => {
                 let order_id = request.order_id.clone();
                 let body = match self.dispatch(user_id, request, effects) {
-                    Ok((seq, card_id)) => OrderBody::DispatchAccepted { seq, user_id: user_id.to_string(), card_id },
-                    Err(reason) => OrderBody::DispatchRefused { user_id: user_id.to_string(), reason },
+                    Ok((seq, card_id)) => OrderBody::DispatchAccepted { seq, user_id: user_id.into(), card_id },
+                    Err(reason) => OrderBody::DispatchRefused { user_id: user_id.into(), reason },
                 };
                 effects.send(Message::Order { order_id, body });
             }
@@ -131,7 +132,7 @@ impl AgentStage {
         if let Command::UserRegistered(registered) = &command {
             // Re-registering only updates `telegram_bound` (SPEC §7 edge decisions).
             self.agents
-                .entry(user_id.to_string())
+                .entry(user_id.into())
                 .or_insert_with(|| Agent::new(user_id, registered.telegram_bound))
                 .telegram_bound = registered.telegram_bound;
             return Ok(());
@@ -154,7 +155,7 @@ impl AgentStage {
                         format!("an agent binds at most {CARDS_PER_AGENT_MAX} cards"),
                     ));
                 }
-                self.card_owner.insert(bound.card_id.clone(), user_id.to_string());
+                self.card_owner.insert(bound.card_id.clone(), user_id.into());
                 agent.bind_card(&bound, &mut context);
                 Ok(())
             }
@@ -201,7 +202,7 @@ impl AgentStage {
         user_id: &str,
         request: DispatchRequest,
         effects: &mut Effects,
-    ) -> Result<(u32, String), Reason> {
+    ) -> Result<(u32, Text), Reason> {
         let agent = self.agents.get_mut(user_id).ok_or(Reason::UnknownUser)?;
         let card = agent.cards.get(&request.card_id).ok_or(Reason::UnknownCard)?;
         if let Some(problem) = request.order_problem {
@@ -267,8 +268,8 @@ impl Agent {
             at,
             from: AgentStatus::Banned,
             to: AgentStatus::Active,
-            operator: operator.to_string(),
-            reason: "admin_unban".to_string(),
+            operator: operator.into(),
+            reason: "admin_unban".into(),
         });
         self.last_unban_at = Some(at);
         Ok(())
@@ -471,7 +472,7 @@ impl Agent {
     }
 
     /// R-WAVE-2.
-    fn confirm_payment(&mut self, sub: usize, utr: Option<String>, context: &mut Context) {
+    fn confirm_payment(&mut self, sub: usize, utr: Option<Text>, context: &mut Context) {
         let now = context.effects.now;
         let config = context.config;
         let record = &mut self.subs[sub];
@@ -511,7 +512,7 @@ impl Agent {
     fn revive(
         &mut self,
         sub: usize,
-        utr: Option<String>,
+        utr: Option<Text>,
         rule: &'static str,
         purpose: PurposeKind,
         context: &mut Context,

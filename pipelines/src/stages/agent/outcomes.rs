@@ -8,6 +8,7 @@ use crate::input::Provider;
 use crate::money::Money;
 use crate::output::{NotificationKind, OrderKind, OutputBody};
 use crate::stages::SubOutcome;
+use crate::Text;
 
 /// Flags whose condition a success resolves; the others stay as evidence (SPEC §4).
 const RESOLVED_BY_SUCCESS: [Flag; 5] =
@@ -79,7 +80,7 @@ impl Agent {
         sub: usize,
         actual: Money,
         record_match: MatchRecord,
-        utr: Option<String>,
+        utr: Option<Text>,
         context: &mut Context,
     ) {
         let now = context.effects.now;

@@ -4,6 +4,7 @@ use crate::input::{Counterparty, Direction, LineStatus, Party, Provider, Stateme
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
+use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -98,7 +99,7 @@ pub struct JournalEntry {
     pub at: Timestamp,
     pub kind: EntryKind,
     pub amount: Money,
-    pub order_id: Option<String>,
+    pub order_id: Option<Text>,
     pub before: Balances,
     pub after: Balances,
 }
@@ -112,7 +113,7 @@ pub struct DebtBatch {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hold {
     pub id: u32,
-    pub order_id: String,
+    pub order_id: Text,
     pub amount: Money,
     pub state: HoldState,
     pub remaining: Money,
@@ -125,22 +126,22 @@ pub struct StatusChange {
     pub at: Timestamp,
     pub from: AgentStatus,
     pub to: AgentStatus,
-    pub operator: String,
-    pub reason: String,
+    pub operator: Text,
+    pub reason: Text,
 }
 
 /// A statement line as the bill table keeps it (money parsed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
-    pub txn_id: String,
-    pub utr: Option<String>,
+    pub txn_id: Text,
+    pub utr: Option<Text>,
     pub utr_supported: bool,
     pub direction: Direction,
     pub amount: Money,
     pub status: LineStatus,
     pub time: Timestamp,
     pub counterparty: Counterparty,
-    pub payee_ifsc: Option<String>,
+    pub payee_ifsc: Option<Text>,
 }
 
 impl Line {
@@ -173,8 +174,8 @@ pub struct BillLine {
 /// Lookups by txn id are hash lookups (no allocation); the ordered index serves window scans.
 #[derive(Clone, Debug, Default)]
 pub struct BillTable {
-    lines: HashMap<String, BillLine>,
-    by_time: BTreeSet<(Timestamp, String)>,
+    lines: HashMap<Text, BillLine>,
+    by_time: BTreeSet<(Timestamp, Text)>,
 }
 
 impl BillTable {
@@ -204,7 +205,7 @@ impl BillTable {
     /// Every line, oldest first (time, then txn id), from the first one after `after` (time, txn id).
     pub fn lines_after(&self, after: Option<(Timestamp, &str)>) -> impl Iterator<Item = &BillLine> {
         let start = match after {
-            Some((time, txn_id)) => std::ops::Bound::Excluded((time, txn_id.to_string())),
+            Some((time, txn_id)) => std::ops::Bound::Excluded((time, Text::from(txn_id))),
             None => std::ops::Bound::Unbounded,
         };
         self.by_time.range((start, std::ops::Bound::Unbounded)).filter_map(|(_, txn_id)| self.lines.get(txn_id))
@@ -213,13 +214,13 @@ impl BillTable {
     /// Lines with `lower ≤ time ≤ upper`, oldest first (time, then txn id).
     pub fn window(&self, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
         self.by_time
-            .range((lower, String::new())..)
+            .range((lower, Text::const_new(""))..)
             .take_while(move |(time, _)| *time <= upper)
             .filter_map(|(_, txn_id)| self.lines.get(txn_id))
     }
 
     /// Removes the oldest line no sub-order uses or waits on; returns its (time, txn id).
-    pub fn evict_oldest_unused(&mut self) -> Option<(Timestamp, String)> {
+    pub fn evict_oldest_unused(&mut self) -> Option<(Timestamp, Text)> {
         let key = self
             .by_time
             .iter()
@@ -297,7 +298,7 @@ pub enum Lapse {
 pub struct CheckInFlight {
     pub asked_at: Timestamp,
     /// The first page's request id (for the audit of purposes joining the check).
-    pub request_id: String,
+    pub request_id: Text,
     /// The first page's `from` (phonepe, R-CHK-2): a purpose may join the check only if its window
     /// starts no earlier.
     pub from: Option<Timestamp>,
@@ -329,7 +330,7 @@ pub enum DetailReason {
 pub enum RequestKind {
     OrderCheck,
     Reservoir,
-    Detail { txn_id: String, reason: DetailReason },
+    Detail { txn_id: Text, reason: DetailReason },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -340,16 +341,16 @@ pub struct Request {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Card {
-    pub card_id: String,
+    pub card_id: Text,
     pub provider: Provider,
     pub auth: CardAuth,
-    pub account_last4: Option<String>,
-    pub vpa: Option<String>,
+    pub account_last4: Option<Text>,
+    pub vpa: Option<Text>,
     /// One `reauth_required` notification per card per episode (R-CHK-3).
     pub reauth_notified: bool,
     /// Requests made so far (`request_id` = `{card_id}:{n}`).
     pub requests_made: u64,
-    pub requests: BTreeMap<String, Request>,
+    pub requests: BTreeMap<Text, Request>,
     pub check: CheckState,
     pub bill: BillTable,
     /// Live (paying or reviewing) sub-orders on this card, by creation.
@@ -360,7 +361,7 @@ pub struct Card {
 pub struct MatchRecord {
     #[serde(deserialize_with = "deserialize_rule_id")]
     pub rule: StaticName,
-    pub txn_ids: Vec<String>,
+    pub txn_ids: Vec<Text>,
     pub explanation: Evidence,
 }
 
@@ -372,7 +373,7 @@ pub enum Evidence {
     Owned(String),
     /// A check asked for a purpose.
     Asked {
-        request_id: String,
+        request_id: Text,
         purpose: PurposeKind,
     },
     /// A check answered with nothing for a purpose.
@@ -380,32 +381,32 @@ pub enum Evidence {
         purpose: PurposeKind,
     },
     Dispatched {
-        card_id: String,
+        card_id: Text,
         amount: Money,
         hold: u32,
         close_at: Timestamp,
     },
     Grabbed {
-        card_id: String,
+        card_id: Text,
     },
     Confirmed {
-        utr: Option<String>,
+        utr: Option<Text>,
     },
     /// A line inside a window (R-WIN-1).
     Line {
-        txn_id: String,
+        txn_id: Text,
         amount: Money,
         time: Timestamp,
         lower: Timestamp,
         upper: Timestamp,
     },
     Lines {
-        txn_ids: Vec<String>,
+        txn_ids: Vec<Text>,
         lower: Timestamp,
         upper: Timestamp,
     },
     Success {
-        txn_ids: Vec<String>,
+        txn_ids: Vec<Text>,
         amount: Money,
     },
     Paid {
@@ -418,7 +419,7 @@ pub enum Evidence {
     },
     /// A decision taken by an operator command.
     ByOperator {
-        operator: String,
+        operator: Text,
         evidence: Box<Evidence>,
     },
 }
@@ -602,7 +603,7 @@ impl Timeline {
 
     /// Names the operator on the first entry recorded since `recorded` (the decision of an operator
     /// command, R-AUDIT-1).
-    pub fn attribute_since(&mut self, recorded: u64, operator: String) {
+    pub fn attribute_since(&mut self, recorded: u64, operator: Text) {
         let index = recorded.saturating_sub(self.dropped) as usize;
         if let Some(entry) = self.entries.get_mut(index) {
             let evidence = std::mem::replace(&mut entry.evidence, Evidence::Text(""));
@@ -621,10 +622,10 @@ impl Timeline {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SubOrder {
-    pub order_id: String,
+    pub order_id: Text,
     pub seq: u32,
     pub kind: OrderKind,
-    pub card_id: String,
+    pub card_id: Text,
     pub amount: Money,
     pub created_at: Timestamp,
     /// Collections: `min(dispatched_at + collection_close_after, expires_at)` (R-WAVE-1).
@@ -632,8 +633,8 @@ pub struct SubOrder {
     pub payee: Option<Party>,
     pub state: SubState,
     pub flags: BTreeSet<Flag>,
-    pub utrs: Vec<String>,
-    pub matched_txn_ids: Vec<String>,
+    pub utrs: Vec<Text>,
+    pub matched_txn_ids: Vec<Text>,
     pub paid_total: Money,
     pub matched: Option<MatchRecord>,
     pub found: bool,
@@ -648,9 +649,9 @@ pub struct SubOrder {
     /// it relied on later proves to be another payee's, the user-submission rule applies then.
     pub second_wave_passed: bool,
     pub lapses: BTreeSet<Lapse>,
-    pub ifsc_mismatch: BTreeSet<String>,
-    pub ifsc_verified: BTreeSet<String>,
-    pub awaiting_detail: Option<String>,
+    pub ifsc_mismatch: BTreeSet<Text>,
+    pub ifsc_verified: BTreeSet<Text>,
+    pub awaiting_detail: Option<Text>,
     pub underpaid_since: Option<Timestamp>,
     pub bill_pending_since: Option<Timestamp>,
     pub timeline: Timeline,
@@ -669,7 +670,7 @@ impl SubOrder {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Agent {
-    pub user_id: String,
+    pub user_id: Text,
     pub status: AgentStatus,
     pub telegram_bound: bool,
     pub available: Money,
@@ -677,7 +678,7 @@ pub struct Agent {
     pub frozen: Money,
     /// Sum of `remaining` over deferred holds.
     pub deferred: Money,
-    pub cards: BTreeMap<String, Card>,
+    pub cards: BTreeMap<Text, Card>,
     /// Snapshots keep each hold's debt batches, which the user view leaves out.
     #[serde(with = "crate::snapshot::holds")]
     pub holds: Vec<Hold>,
@@ -686,9 +687,9 @@ pub struct Agent {
     pub last_unban_at: Option<Timestamp>,
     pub subs: Vec<SubOrder>,
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub sub_index: HashMap<(String, u32), usize>,
+    pub sub_index: HashMap<(Text, u32), usize>,
     /// ERRORED lines of every card: (time, card, txn) (R-ERR-1).
-    pub errored: BTreeSet<(Timestamp, String, String)>,
+    pub errored: BTreeSet<(Timestamp, Text, Text)>,
     /// Earliest time of an ERRORED line added since the last count (R-ERR-1 counts only from there).
     pub errored_unchecked_from: Option<Timestamp>,
     pub sweep_scheduled: bool,
@@ -697,7 +698,7 @@ pub struct Agent {
 impl Agent {
     pub fn new(user_id: &str, telegram_bound: bool) -> Agent {
         Agent {
-            user_id: user_id.to_string(),
+            user_id: user_id.into(),
             status: AgentStatus::Active,
             telegram_bound,
             available: Money::ZERO,
