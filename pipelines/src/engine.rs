@@ -16,7 +16,6 @@ use crate::timers::TimerQueue;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
 use crate::Text;
 use rustc_hash::FxHashSet as HashSet;
-use std::collections::VecDeque;
 
 /// Internal events one input may cause before the engine declares a livelock (a bug, not bad input).
 const CASCADE_EVENTS_MAX: usize = 1_000_000;
@@ -38,8 +37,6 @@ pub struct Engine {
     /// `crawl_result`s the simulated provider produced: log events in a deployment (the connector
     /// appends them), counted for throughput figures.
     provider_answers: u64,
-    /// The FIFO of internal events, kept between inputs to reuse its buffer.
-    queue: VecDeque<Work>,
 }
 
 impl Engine {
@@ -56,7 +53,6 @@ impl Engine {
             seen_event_ids: HashSet::default(),
             outputs: Vec::new(),
             effects: Effects::default(),
-            queue: VecDeque::new(),
             provider_answers: 0,
         }
     }
@@ -150,30 +146,36 @@ impl Engine {
         }
     }
 
-    /// Processes one unit of work and everything it causes, FIFO (SPEC §3).
+    /// Processes one unit of work and everything it causes, FIFO (SPEC §3). The messages the stages send
+    /// are the FIFO itself: a handler appends to `effects.messages` behind those still waiting, which
+    /// is the order of a separate queue fed after each handler, without moving each message twice.
     fn run(&mut self, now: Timestamp, first: Work) {
-        let mut queue = std::mem::take(&mut self.queue);
-        debug_assert!(queue.is_empty());
-        queue.push_back(first);
-        let mut processed = 0usize;
-        while let Some(work) = queue.pop_front() {
+        debug_assert!(self.effects.messages.is_empty());
+        self.effects.now = now;
+        match first {
+            Work::Message(message) => self.deliver(message),
+            Work::Timer(timer) => self.fire(timer),
+        }
+        self.collect_effects(now);
+        let mut processed = 1usize;
+        while let Some(message) = self.effects.messages.pop_front() {
             processed += 1;
             assert!(processed <= CASCADE_EVENTS_MAX, "livelock: one input caused {CASCADE_EVENTS_MAX} events");
             self.effects.now = now;
-            match work {
-                Work::Message(message) => self.deliver(message),
-                Work::Timer(timer) => self.fire(timer, &mut queue),
-            }
-            let first_new_output = self.outputs.len();
-            self.outputs.append(&mut self.effects.outputs);
-            queue.extend(self.effects.messages.drain(..).map(Work::Message));
-            for (due, timer) in self.effects.timers.drain(..) {
-                self.timers_created += 1;
-                self.timers.insert((due, self.timers_created), timer);
-            }
-            self.feed_provider(first_new_output, now);
+            self.deliver(message);
+            self.collect_effects(now);
         }
-        self.queue = queue;
+    }
+
+    /// Takes a handler's outputs and timers (its messages stay queued in `effects.messages`).
+    fn collect_effects(&mut self, now: Timestamp) {
+        let first_new_output = self.outputs.len();
+        self.outputs.append(&mut self.effects.outputs);
+        for (due, timer) in self.effects.timers.drain(..) {
+            self.timers_created += 1;
+            self.timers.insert((due, self.timers_created), timer);
+        }
+        self.feed_provider(first_new_output, now);
     }
 
     fn deliver(&mut self, message: Message) {
@@ -185,7 +187,7 @@ impl Engine {
         }
     }
 
-    fn fire(&mut self, timer: Timer, queue: &mut VecDeque<Work>) {
+    fn fire(&mut self, timer: Timer) {
         let effects = &mut self.effects;
         match timer {
             Timer::Order { order_id, timer } => self.orders.on_timer(&order_id, timer, effects),
@@ -199,10 +201,10 @@ impl Engine {
                 let event_id = compact_str::format_compact!("provider:{}", request.request_id);
                 self.provider_answers += 1;
                 if self.seen_event_ids.insert(event_id.clone()) {
-                    queue.push_back(Work::Message(Message::Agent {
+                    self.effects.messages.push_back(Message::Agent {
                         user_id: request.user_id.clone(),
                         body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },
-                    }));
+                    });
                 }
             }
         }

@@ -162,7 +162,8 @@ pub struct Effects {
     /// Event time of what is being processed.
     pub now: Timestamp,
     pub outputs: Vec<Output>,
-    pub messages: Vec<Message>,
+    /// Messages to other stages, oldest first (the engine runs them as its FIFO, SPEC §3).
+    pub messages: std::collections::VecDeque<Message>,
     pub timers: Vec<(Timestamp, Timer)>,
 }
 
@@ -172,7 +173,7 @@ impl Effects {
     }
 
     pub fn send(&mut self, message: Message) {
-        self.messages.push(message);
+        self.messages.push_back(message);
     }
 
     /// Schedules a timer. One already overdue keeps its due time as its place in the order (so it fires
@@ -195,7 +196,8 @@ impl Effects {
 /// Largest amount one input may carry (₹1,000,000,000,000): sums of any realistic number of inputs stay
 /// far below `Decimal`'s range, so stage arithmetic on accepted amounts cannot overflow.
 pub fn amount_max() -> Money {
-    Money::from_rupees(1_000_000_000_000)
+    // In paise: exact and without the rounding `from_rupees` does (this is asked for every amount).
+    Money::from_paise(1_000_000_000_000 * 100)
 }
 
 /// Parses a positive money amount or answers `invalid_amount` (R-IN-1).
