@@ -198,7 +198,7 @@ impl Engine {
                 };
                 let result = provider.result(&request, effects.now);
                 // The answer is an ordinary input of the agent stage (SPEC §9).
-                let event_id = compact_str::format_compact!("provider:{}", request.request_id);
+                let event_id = crate::joined("provider", ':', &request.request_id);
                 self.provider_answers += 1;
                 if self.seen_event_ids.insert(event_id.clone()) {
                     self.effects.messages.push_back(Message::Agent {

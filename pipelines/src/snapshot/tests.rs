@@ -124,7 +124,7 @@ impl Driver {
                 (Some(answer_at), timer) if timer.is_none_or(|(timer_at, _)| answer_at <= timer_at) => {
                     let Some((_, request)) = self.rest.answers.pop_first() else { unreachable!() };
                     let result = self.rest.provider.result(&request, answer_at);
-                    let event_id = compact_str::format_compact!("provider:{}", request.request_id);
+                    let event_id = crate::joined("provider", ':', &request.request_id);
                     if self.rest.seen.insert(event_id.clone()) {
                         let message = Message::Agent {
                             user_id: request.user_id.clone(),

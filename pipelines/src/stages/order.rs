@@ -502,7 +502,7 @@ fn cancel_pending(order: &mut MainOrder, effects: &mut Effects) {
 fn callback(order: &mut MainOrder, status: CallbackStatus, actual_amount: Option<Money>, effects: &mut Effects) {
     order.callbacks_sent += 1;
     effects.emit(OutputBody::MerchantCallback {
-        callback_id: compact_str::format_compact!("{}:{}", order.order_id, order.callbacks_sent),
+        callback_id: crate::numbered(&order.order_id, ':', u64::from(order.callbacks_sent)),
         merchant_id: order.merchant_id.clone(),
         order_id: order.order_id.clone(),
         kind: order.kind,
