@@ -224,7 +224,7 @@ impl Agent {
             return Text::default();
         };
         card.requests_made += 1;
-        let request_id = crate::numbered(card_id, ':', u64::from(card.requests_made));
+        let request_id = crate::numbered(card_id, ':', card.requests_made);
         let (order, limit) = match mode {
             CrawlMode::Detail => (None, None),
             CrawlMode::OrderCheck if card.provider == Provider::Phonepe => (Some(PageOrder::Asc), Some(PAGE_LIMIT)),
