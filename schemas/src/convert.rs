@@ -869,7 +869,7 @@ fn agent_body_to(body: &AgentBody) -> Result<Value> {
                 ("card_id", string(&d.card_id)),
                 ("order_problem", optional_enumeration(d.order_problem)?),
                 ("expires_at", optional_timestamp(d.expires_at)),
-                ("payee", optional(d.payee.as_ref().map(party_to))),
+                ("payee", optional(d.payee.as_deref().map(party_to))),
                 ("utr", optional_string(&d.utr)),
             ]),
         ),
@@ -903,7 +903,7 @@ fn agent_body_from(value: Value) -> Result<AgentBody> {
             card_id: f.string("card_id")?,
             order_problem: f.optional_enumeration("order_problem")?,
             expires_at: f.optional_timestamp("expires_at")?,
-            payee: f.optional("payee")?.map(party_from).transpose()?,
+            payee: f.optional("payee")?.map(party_from).transpose()?.map(Box::new),
             utr: f.optional_string("utr")?,
         }),
         "SubOrderCommand" => AgentBody::SubOrder {

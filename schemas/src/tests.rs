@@ -485,7 +485,7 @@ fn every_message() -> Vec<Message> {
             card_id: "k1".into(),
             order_problem: Some(Reason::OrderExpired),
             expires_at: Some(at("2026-03-02T10:00:00Z")),
-            payee: Some(Party { vpa: Some("x@y".into()), ..Party::default() }),
+            payee: Some(Box::new(Party { vpa: Some("x@y".into()), ..Party::default() })),
             utr: Some("U".into()),
         })),
         merchant(MerchantBody::Input { event_id: "e4".into(), command }),

@@ -93,7 +93,7 @@ pub struct DispatchRequest {
     /// The order-level check that failed (order_not_pending, order_expired), reported in R-DSP-1 order.
     pub order_problem: Option<Reason>,
     pub expires_at: Option<Timestamp>,
-    pub payee: Option<Party>,
+    pub payee: Option<Box<Party>>,
     /// The order's UTR, which a collection's sub-order inherits.
     pub utr: Option<Text>,
 }

@@ -48,7 +48,7 @@ pub struct MainOrder {
     /// The first UTR the order ever had (SPEC §4).
     pub utr: Option<Text>,
     pub expires_at: Option<Timestamp>,
-    pub payee: Option<Party>,
+    pub payee: Option<Box<Party>>,
     pub sub_orders: Vec<SubOrderRef>,
     /// Waiting for the merchant stage to accept the creation; invisible until then.
     pub creating: bool,
@@ -70,7 +70,8 @@ pub const ORDER_WAITING_COMMANDS_MAX: usize = 64;
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct OrderStage {
     #[serde(with = "crate::snapshot::sorted_map")]
-    pub orders: HashMap<Text, MainOrder>,
+    /// Boxed: the table moves 32-byte entries when it grows, not 280-byte orders.
+    pub orders: HashMap<Text, Box<MainOrder>>,
 }
 
 fn refuse(effects: &mut Effects, event_id: &str, command: &Command, reason: Reason, message: impl Into<String>) {
@@ -97,6 +98,7 @@ impl OrderStage {
                 if let Some(order) = self.orders.get_mut(order_id) {
                     order.dispatch_in_flight = false;
                     order.state = OrderState::InProgress;
+                    order.sub_orders.reserve_exact(1); // most orders have one sub-order: no room for four
                     order.sub_orders.push(SubOrderRef { seq, user_id, card_id });
                 }
                 self.release_waiting(order_id, effects);
@@ -213,7 +215,7 @@ impl OrderStage {
                     amount,
                     None,
                     created.expires_at,
-                    Some(payee.clone()),
+                    Some(Box::new(payee.clone())),
                     effects,
                 );
             }
@@ -238,7 +240,7 @@ impl OrderStage {
         amount: Money,
         utr: Option<Text>,
         expires_at: Option<Timestamp>,
-        payee: Option<Party>,
+        payee: Option<Box<Party>>,
         effects: &mut Effects,
     ) {
         if self.orders.contains_key(order_id) {
@@ -252,7 +254,7 @@ impl OrderStage {
         }
         self.orders.insert(
             order_id.into(),
-            MainOrder {
+            Box::new(MainOrder {
                 order_id: order_id.into(),
                 kind,
                 merchant_id: merchant_id.into(),
@@ -267,7 +269,7 @@ impl OrderStage {
                 callbacks_sent: 0,
                 actual_amount: None,
                 waiting: Vec::new(),
-            },
+            }),
         );
         let body = match kind {
             OrderKind::Collection => {

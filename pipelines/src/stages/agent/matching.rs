@@ -361,6 +361,7 @@ impl Agent {
         line.reserved_by = None;
         line.used_by = Some(sub);
         let record = &mut self.subs[sub];
+        record.matched_txn_ids.reserve_exact(1); // usually one line: no room for four
         record.matched_txn_ids.push(txn_id.into());
         record.found = true;
         record.matched_since_confirmation = true;

@@ -652,7 +652,7 @@ pub struct SubOrder {
     pub created_at: Timestamp,
     /// Collections: `min(dispatched_at + collection_close_after, expires_at)` (R-WAVE-1).
     pub close_at: Option<Timestamp>,
-    pub payee: Option<Party>,
+    pub payee: Option<Box<Party>>,
     pub state: SubState,
     pub flags: BTreeSet<Flag>,
     pub utrs: Vec<Text>,
