@@ -177,11 +177,11 @@ impl Demo {
             order_id: order_id.clone().into(),
             merchant_id: "demo-merchant".into(),
             amount: "250.00".into(),
-            payee: Party {
+            payee: Box::new(Party {
                 account_last4: Some(payee_last4.clone().into()),
                 name: Some("Payee".into()),
                 ..Party::default()
-            },
+            }),
             expires_at: None,
         }));
         self.wait_for_order(&order_id, None).await;

@@ -133,7 +133,7 @@ impl Engine {
             Routed::Wallet(command) => {
                 if let Some(provider) = self.provider.as_mut() {
                     match command {
-                        Command::WalletLine(wallet) => provider.add_line(&wallet.card_id, wallet.line, at),
+                        Command::WalletLine(wallet) => provider.add_line(&wallet.card_id, *wallet.line, at),
                         Command::WalletLineStatus(status) => {
                             provider.set_status(&status.card_id, &status.txn_id, status.status)
                         }

@@ -150,7 +150,7 @@ input_structs! {
     OrderCancelled { order_id: Text, by: CancelledBy }
     SupplementRequested { order_id: Text, #[serde(default)] utr: Option<Text> }
     CollectionRetry { order_id: Text }
-    PayoutCreated { order_id: Text, merchant_id: Text, amount: Text, payee: Party,
+    PayoutCreated { order_id: Text, merchant_id: Text, amount: Text, payee: Box<Party>,
         #[serde(default)] expires_at: Option<Timestamp> }
     PayoutGrabbed { order_id: Text, user_id: Text, card_id: Text }
     CrawlResult { request_id: Text, user_id: Text, card_id: Text, ok: bool,
@@ -164,7 +164,7 @@ input_structs! {
     AdminCancelPayout { order_id: Text, operator: Text }
     AdminUnban { user_id: Text, operator: Text }
     Tick {}
-    WalletLine { card_id: Text, line: StatementLine }
+    WalletLine { card_id: Text, line: Box<StatementLine> }
     WalletLineStatus { card_id: Text, txn_id: Text, status: LineStatus }
     WalletFault { card_id: Text, fault: Fault }
 }
@@ -310,7 +310,8 @@ pub enum ParseError {
 /// What a JSON line holds: a configuration or an input.
 #[derive(Debug)]
 pub enum Parsed {
-    Config(crate::config::ConfigOverrides),
+    /// Boxed: a scenario has one, inputs are many (and now much smaller than the overrides).
+    Config(Box<crate::config::ConfigOverrides>),
     Input(Input),
 }
 
@@ -329,7 +330,7 @@ pub fn parse_line(text: &str, default_event_id: impl FnOnce() -> String) -> Resu
         object.remove("type");
         let overrides =
             serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
-        return Ok(Parsed::Config(overrides));
+        return Ok(Parsed::Config(Box::new(overrides)));
     }
     parse_input_object(object, default_event_id).map(Parsed::Input)
 }

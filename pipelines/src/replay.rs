@@ -56,7 +56,7 @@ pub fn parse_scenario(text: &str) -> Result<Scenario, ScenarioError> {
                         return Err(ScenarioError::Parse { line, error: ParseError::BadTime(at.to_string()) });
                     }
                 }
-                config = Config::from_overrides(overrides).map_err(|error| ScenarioError::Config { line, error })?;
+                config = Config::from_overrides(*overrides).map_err(|error| ScenarioError::Config { line, error })?;
             }
             Parsed::Input(input) => {
                 if let Some(previous) = previous_at {

@@ -27,8 +27,8 @@ fn line(
     status: LineStatus,
     time: Timestamp,
     last4: Option<&str>,
-) -> StatementLine {
-    StatementLine {
+) -> Box<StatementLine> {
+    Box::new(StatementLine {
         txn_id: txn_id.into(),
         utr,
         utr_supported: true,
@@ -38,7 +38,7 @@ fn line(
         time,
         counterparty: Counterparty { account_last4: last4.map(Text::from), ..Counterparty::default() },
         payee_ifsc: None,
-    }
+    })
 }
 
 /// A deterministic workload of about `agents × rounds × 9` input events.
@@ -150,7 +150,7 @@ pub fn workload(agents: usize, rounds: usize) -> Vec<Input> {
                     order_id: payout_id.clone().into(),
                     merchant_id: merchant_id.into(),
                     amount: amount.into(),
-                    payee: Party { account_last4: Some("4321".into()), ..Party::default() },
+                    payee: Box::new(Party { account_last4: Some("4321".into()), ..Party::default() }),
                     expires_at: None,
                 }),
             );

@@ -393,7 +393,7 @@ pub(crate) fn command_from(value: Value) -> Result<Command> {
             order_id: f.string("order_id")?,
             merchant_id: f.string("merchant_id")?,
             amount: f.string("amount")?,
-            payee: party_from(f.take("payee")?)?,
+            payee: Box::new(party_from(f.take("payee")?)?),
             expires_at: f.optional_timestamp("expires_at")?,
         }),
         "PayoutGrabbed" => Command::PayoutGrabbed(input::PayoutGrabbed {
@@ -430,9 +430,10 @@ pub(crate) fn command_from(value: Value) -> Result<Command> {
             Command::AdminUnban(input::AdminUnban { user_id: f.string("user_id")?, operator: f.string("operator")? })
         }
         "Tick" => Command::Tick(input::Tick {}),
-        "WalletLine" => {
-            Command::WalletLine(input::WalletLine { card_id: f.string("card_id")?, line: line_from(f.take("line")?)? })
-        }
+        "WalletLine" => Command::WalletLine(input::WalletLine {
+            card_id: f.string("card_id")?,
+            line: Box::new(line_from(f.take("line")?)?),
+        }),
         "WalletLineStatus" => Command::WalletLineStatus(input::WalletLineStatus {
             card_id: f.string("card_id")?,
             txn_id: f.string("txn_id")?,

@@ -589,7 +589,7 @@ async fn typed_endpoints_build_their_events() {
     assert!(matches!(&appended[2].command, Command::AdminCancelPayout(cancel) if cancel.order_id == "o2"));
     assert!(matches!(&appended[3].command, Command::PaymentConfirmed(confirm) if confirm.utr.is_none()));
     let Command::PayoutCreated(payout) = &appended[4].command else { panic!("{:?}", appended[4]) };
-    assert_eq!(payout.payee, Party { vpa: Some("a@b".into()), ..Party::default() });
+    assert_eq!(*payout.payee, Party { vpa: Some("a@b".into()), ..Party::default() });
     assert!(matches!(&appended[5].command, Command::CardReauthenticated(reauth) if reauth.user_id == "u1"));
 
     let nameless = json!({"order_id": "p2", "amount": "50.00", "payee": {"name": "A"}});

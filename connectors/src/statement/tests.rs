@@ -89,7 +89,7 @@ fn replay_sim(events: &[Value]) -> (WalletSim, Timestamp) {
     for event in events {
         let input = parse_input_object(event.as_object().unwrap().clone(), || "e".to_string()).unwrap();
         match input.command {
-            Command::WalletLine(event) => sim.add_line(&event.card_id, event.line, input.at),
+            Command::WalletLine(event) => sim.add_line(&event.card_id, *event.line, input.at),
             Command::WalletLineStatus(event) => sim.set_status(&event.card_id, &event.txn_id, event.status),
             Command::WalletFault(event) => sim.set_fault(&event.card_id, event.fault),
             other => panic!("not a wallet event: {other:?}"),

@@ -162,7 +162,7 @@ impl WalletSimState {
         let applied = events.len();
         for (at, event) in events {
             match event {
-                WalletEvent::Line(event) => wallets.sim.add_line(&event.card_id, event.line, at),
+                WalletEvent::Line(event) => wallets.sim.add_line(&event.card_id, *event.line, at),
                 WalletEvent::Status(event) => wallets.sim.set_status(&event.card_id, &event.txn_id, event.status),
                 WalletEvent::Fault(event) => wallets.sim.set_fault(&event.card_id, event.fault),
             }

@@ -92,7 +92,7 @@ impl Driver {
                 self.drain(queue);
             }
             Routed::Wallet(command) => match command {
-                Command::WalletLine(wallet) => self.rest.provider.add_line(&wallet.card_id, wallet.line, at),
+                Command::WalletLine(wallet) => self.rest.provider.add_line(&wallet.card_id, *wallet.line, at),
                 Command::WalletLineStatus(status) => {
                     self.rest.provider.set_status(&status.card_id, &status.txn_id, status.status)
                 }

@@ -215,7 +215,7 @@ impl OrderStage {
                     amount,
                     None,
                     created.expires_at,
-                    Some(Box::new(payee.clone())),
+                    Some(payee.clone()),
                     effects,
                 );
             }
