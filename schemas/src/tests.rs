@@ -564,7 +564,7 @@ fn every_record_the_stages_exchange_in_the_golden_scenarios_round_trips() {
         let mut next_id = |source: &str| {
             let offset = offsets.entry(source.to_string()).or_insert(0);
             *offset += 1;
-            RecordId { source: source.to_string().into(), offset: *offset, index: 0 }
+            RecordId { source: source.into(), offset: *offset, index: 0 }
         };
         let mut queue = std::collections::VecDeque::new();
         for input in input.iter().cloned() {

@@ -98,12 +98,12 @@ fn answer_record(
     let message = Message::Agent {
         user_id: request.user_id.clone(),
         body: AgentBody::Input {
-            event_id: format!("crawl:{}", request.request_id).into(),
+            event_id: pipelines::joined("crawl", ':', &request.request_id),
             command: Command::CrawlResult(result),
         },
     };
     StageRecord {
-        id: RecordId { source: OUTPUTS_LOG.to_string().into(), offset, index: 0 },
+        id: RecordId { source: OUTPUTS_LOG.into(), offset, index: 0 },
         at,
         body: RecordBody::Message { message },
     }

@@ -615,7 +615,7 @@ fn tick(
         // tick was applied (by a message stamped earlier); its id must differ from the last one's.
         let id = next_tick_id(now_ms, applied, last);
         let record = StageRecord {
-            id: RecordId { source: TICKER_SOURCE.to_string().into(), offset: id.0, index: id.1 },
+            id: RecordId { source: TICKER_SOURCE.into(), offset: id.0, index: id.1 },
             at: Timestamp::from_millis(now_ms),
             body: RecordBody::Tick,
         };
@@ -683,7 +683,7 @@ impl Inner {
     }
 
     fn records_of(&self, input: Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-        let id = |index: u32| RecordId { source: INGEST_SOURCE.to_string().into(), offset: position, index };
+        let id = |index: u32| RecordId { source: INGEST_SOURCE.into(), offset: position, index };
         let at = input.at;
         match route_input(input) {
             Routed::Message(message) => {

@@ -276,7 +276,7 @@ fn new_journal_entries(
     let entries: Vec<(u64, Value)> =
         page.items.into_iter().filter_map(|item| item["seq"].as_u64().map(|seq| (seq, item))).collect();
     let last = entries.last()?.0;
-    written_seq.insert(owner.to_string().into(), last);
+    written_seq.insert(owner.into(), last);
     Some((entries, page.next_cursor.is_some()))
 }
 

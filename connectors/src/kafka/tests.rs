@@ -31,11 +31,7 @@ fn read_all(store: &KafkaStore, log: &str) -> Vec<(u64, Vec<u8>)> {
 /// A tick record of the runtime (JSON, as the runtime hands records to a store), from `source` at `offset`.
 fn tick(source: &str, offset: u64) -> Vec<u8> {
     let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
-    let record = StageRecord {
-        id: RecordId { source: source.to_string().into(), offset, index: 0 },
-        at,
-        body: RecordBody::Tick,
-    };
+    let record = StageRecord { id: RecordId { source: source.into(), offset, index: 0 }, at, body: RecordBody::Tick };
     crate::runtime::encode(&record).expect("encodes")
 }
 
@@ -44,7 +40,7 @@ fn output(source: &str, offset: u64) -> Vec<u8> {
     let at = pipelines::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time");
     let body = pipelines::output::OutputBody::SessionRevoked { user_id: "u1".into() };
     let record = OutputRecord {
-        id: RecordId { source: source.to_string().into(), offset, index: 0 },
+        id: RecordId { source: source.into(), offset, index: 0 },
         output: pipelines::output::Output { at, body },
     };
     crate::runtime::encode(&record).expect("encodes")

@@ -474,7 +474,7 @@ fn encode_produced(
     batch: &mut WriteBatch,
 ) -> Result<(), RuntimeError> {
     use pipelines::partition::{destination, partition_of, RecordBody, RecordId, StageRecord};
-    let id = |index: usize| RecordId { source: log.to_string().into(), offset, index: index as u32 };
+    let id = |index: usize| RecordId { source: log.into(), offset, index: index as u32 };
     let first_output = produced.messages.len();
     for (index, (at, message)) in produced.messages.drain(..).enumerate() {
         let (kind, key) = destination(&message);

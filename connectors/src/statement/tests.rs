@@ -104,7 +104,7 @@ fn list(card_id: &str, order: Option<PageOrder>, from: Option<Timestamp>, limit:
     CrawlRequested {
         request_id: format!("{card_id}:1").into(),
         user_id: "u1".into(),
-        card_id: card_id.to_string().into(),
+        card_id: card_id.into(),
         provider: Provider::Phonepe,
         mode,
         order,
@@ -115,11 +115,7 @@ fn list(card_id: &str, order: Option<PageOrder>, from: Option<Timestamp>, limit:
 }
 
 fn detail(card_id: &str, txn_id: &str) -> CrawlRequested {
-    CrawlRequested {
-        mode: CrawlMode::Detail,
-        txn_id: Some(txn_id.to_string().into()),
-        ..list(card_id, None, None, None)
-    }
+    CrawlRequested { mode: CrawlMode::Detail, txn_id: Some(txn_id.into()), ..list(card_id, None, None, None) }
 }
 
 fn assert_error(result: &CrawlResult, error: CrawlError) {

@@ -329,7 +329,7 @@ fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
 /// A `CrawlRequested` for `WalletSim::answer`: only the card, mode and paging matter to it.
 fn sim_request(card_id: String, mode: CrawlMode, query: ListQuery, txn_id: Option<String>) -> CrawlRequested {
     CrawlRequested {
-        request_id: String::new().into(),
+        request_id: pipelines::Text::default(),
         user_id: pipelines::Text::default(),
         card_id: card_id.into(),
         provider: Provider::Other,
