@@ -117,6 +117,15 @@ NO_INGEST = "serve --no-ingest"
 # Exactly one of each of these per deployment; any number of NO_INGEST.
 SINGLE = ("admin init", "serve", "wallet-sim")
 
+# What every `serve` of the Kafka profile is started with, ingesting or not.
+SERVE_ON_KAFKA = {
+    "--profile": _one_of("kafka"),
+    "--kafka-brokers": _host_ports,
+    "--listen": _listen,
+    "--partitions": _int_at_least_1,
+    "--clock": _one_of("system"),
+}
+
 CONTRACT = {
     "admin init": {
         "required": {"--kafka-brokers": _host_ports},
@@ -128,14 +137,7 @@ CONTRACT = {
         },
     },
     "serve": {
-        "required": {
-            "--profile": _one_of("kafka"),
-            "--kafka-brokers": _host_ports,
-            "--listen": _listen,
-            "--partitions": _int_at_least_1,
-            "--clock": _one_of("system"),
-            "--statement-provider": _url,
-        },
+        "required": {**SERVE_ON_KAFKA, "--statement-provider": _url},
         "optional": {
             "--scylla-uri": _host_port,
             "--schema-registry": _url,
@@ -145,15 +147,7 @@ CONTRACT = {
         "requires": {"--group-session-timeout-ms": "--group-member"},
     },
     NO_INGEST: {
-        "required": {
-            "--profile": _one_of("kafka"),
-            "--kafka-brokers": _host_ports,
-            "--listen": _listen,
-            "--partitions": _int_at_least_1,
-            "--clock": _one_of("system"),
-            "--group-member": _member_id,
-            "--no-ingest": _switch,
-        },
+        "required": {**SERVE_ON_KAFKA, "--group-member": _member_id, "--no-ingest": _switch},
         "optional": {
             "--scylla-uri": _host_port,
             "--schema-registry": _url,

@@ -60,13 +60,8 @@ pub fn numbered(first: &str, separator: char, number: u64) -> Text {
             break;
         }
     }
-    let mut text = Text::with_capacity(first.len() + separator.len_utf8() + (DIGITS_MAX - start));
-    text.push_str(first);
-    text.push(separator);
-    for &digit in &digits[start..] {
-        text.push(char::from(digit));
-    }
-    text
+    // ASCII digits are always UTF-8.
+    joined(first, separator, std::str::from_utf8(&digits[start..]).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -114,27 +114,28 @@ pub fn route_input(input: Input) -> Routed {
         Command::AdminCorrectCancel(c) => Key::Order(&c.order_id),
         Command::AdminCancelPayout(c) => Key::Order(&c.order_id),
     };
+    // The key is copied (inline for short ids) before the command moves into the message.
     let message = match key {
         Key::Merchant(id) => {
-            let merchant_id = id.to_string();
-            Message::Merchant { merchant_id: merchant_id.into(), body: MerchantBody::Input { event_id, command } }
+            let merchant_id = id.clone();
+            Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
         }
         Key::Agent(id) => {
-            let user_id = id.to_string();
-            Message::Agent { user_id: user_id.into(), body: AgentBody::Input { event_id, command } }
+            let user_id = id.clone();
+            Message::Agent { user_id, body: AgentBody::Input { event_id, command } }
         }
         Key::Order(id) => {
-            let order_id = id.to_string();
-            Message::Order { order_id: order_id.into(), body: OrderBody::Input { event_id, command } }
+            let order_id = id.clone();
+            Message::Order { order_id, body: OrderBody::Input { event_id, command } }
         }
     };
     Routed::Message(message)
 }
 
 enum Key<'a> {
-    Merchant(&'a str),
-    Agent(&'a str),
-    Order(&'a str),
+    Merchant(&'a Text),
+    Agent(&'a Text),
+    Order(&'a Text),
 }
 
 /// The id of a record: the position of what produced it (a log and offset, and the index among the

@@ -13,7 +13,7 @@ use crate::stages::agent::state::{DebtBatch, Hold};
 use serde::de::Deserializer;
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 
 /// The format version this build writes and the only one it reads. Bump it with any change to what a
@@ -99,37 +99,6 @@ pub mod sorted_map {
     {
         let pairs = Vec::<(K, V)>::deserialize(deserializer)?;
         let mut map = HashMap::with_capacity_and_hasher(pairs.len(), H::default());
-        for (key, value) in pairs {
-            if map.insert(key, value).is_some() {
-                return Err(serde::de::Error::custom("a map key is given twice"));
-            }
-        }
-        Ok(map)
-    }
-}
-
-/// A `BTreeMap` whose keys are not strings (JSON objects only have string keys), written as `[key,
-/// value]` pairs in key order.
-pub mod btree_pairs {
-    use super::*;
-
-    pub fn serialize<K, V, S>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
-    where
-        K: Serialize,
-        V: Serialize,
-        S: Serializer,
-    {
-        serializer.collect_seq(map.iter())
-    }
-
-    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Ord + Deserialize<'de>,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        let pairs = Vec::<(K, V)>::deserialize(deserializer)?;
-        let mut map = BTreeMap::new();
         for (key, value) in pairs {
             if map.insert(key, value).is_some() {
                 return Err(serde::de::Error::custom("a map key is given twice"));

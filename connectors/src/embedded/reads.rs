@@ -93,7 +93,7 @@ pub(super) fn order_part(inner: &Inner, order_id: &str) -> Option<Value> {
 
 pub(super) fn order_merchant(inner: &Inner, order_id: &str) -> Option<String> {
     let order_guard = guard(inner, StageKind::Order, order_id)?;
-    (orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.clone())).map(String::from)
+    orders(&order_guard)?.orders.get(order_id).map(|order| order.merchant_id.to_string())
 }
 
 pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {

@@ -204,11 +204,16 @@ impl BillTable {
 
     /// Adds a line not yet in the table.
     pub fn insert(&mut self, line: Line) {
-        debug_assert!(!self.by_txn_id.contains_key(&line.txn_id));
+        self.push(BillLine { line, used_by: None, reserved_by: None });
+    }
+
+    /// Adds a bill line whose txn id the table does not hold, to the slab and both indexes.
+    fn push(&mut self, bill_line: BillLine) {
+        debug_assert!(!self.by_txn_id.contains_key(&bill_line.line.txn_id));
         let slot = self.lines.len();
-        self.by_time.insert((line.time, line.txn_id.clone()), slot);
-        self.by_txn_id.insert(line.txn_id.clone(), slot);
-        self.lines.push(BillLine { line, used_by: None, reserved_by: None });
+        self.by_time.insert((bill_line.line.time, bill_line.line.txn_id.clone()), slot);
+        self.by_txn_id.insert(bill_line.line.txn_id.clone(), slot);
+        self.lines.push(bill_line);
         debug_assert!(self.lines.len() == self.by_txn_id.len() && self.lines.len() == self.by_time.len());
     }
 
@@ -266,13 +271,10 @@ impl<'de> Deserialize<'de> for BillTable {
         let lines = Vec::<BillLine>::deserialize(deserializer)?;
         let mut table = BillTable::default();
         for line in lines {
-            let txn_id = line.line.txn_id.clone();
-            let slot = table.lines.len();
-            if table.by_txn_id.insert(txn_id.clone(), slot).is_some() {
-                return Err(serde::de::Error::custom(format!("bill line {txn_id} twice")));
+            if table.get(&line.line.txn_id).is_some() {
+                return Err(serde::de::Error::custom(format!("bill line {} twice", line.line.txn_id)));
             }
-            table.by_time.insert((line.line.time, txn_id), slot);
-            table.lines.push(line);
+            table.push(line);
         }
         Ok(table)
     }
