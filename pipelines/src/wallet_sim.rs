@@ -7,7 +7,7 @@ use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
 use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
@@ -19,12 +19,75 @@ pub enum ProviderTimer {
     Answer(Box<CrawlRequested>),
 }
 
+/// One wallet line as the provider keeps it.
+#[derive(Clone, Debug)]
+struct SimLine {
+    /// When the line was added (`wallet_line.at`): it is visible from then on.
+    added_at: Timestamp,
+    /// The line as a detail answer shows it.
+    full: Arc<StatementLine>,
+    /// The line as a list answer shows it (without the payee's IFSC, SPEC §5); the same allocation as
+    /// `full` when there is no IFSC. Kept beside `full` so that a page copies no line.
+    listed: Arc<StatementLine>,
+}
+
+impl SimLine {
+    fn new(line: StatementLine, added_at: Timestamp) -> SimLine {
+        let full = Arc::new(line);
+        let listed = listed(&full);
+        SimLine { added_at, full, listed }
+    }
+
+    fn key(&self) -> (Timestamp, &str) {
+        (self.full.time, self.full.txn_id.as_str())
+    }
+
+    fn visible_at(&self, now: Timestamp) -> bool {
+        self.added_at <= now && self.full.time <= now
+    }
+}
+
+/// A line without its payee's IFSC (list answers).
+fn listed(full: &Arc<StatementLine>) -> Arc<StatementLine> {
+    match full.payee_ifsc {
+        Some(_) => Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(full) }),
+        None => Arc::clone(full),
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct SimCard {
-    /// Lines by (time, txn id), with the time they were added (`wallet_line.at`).
-    lines: BTreeMap<(Timestamp, Text), (Timestamp, Arc<StatementLine>)>,
+    /// Lines ordered by (time, txn id). A statement mostly grows at its end, so a new line is usually
+    /// appended; the oldest line leaves from the front beyond the cap.
+    lines: VecDeque<SimLine>,
+    /// The time of each txn id's line, to find it in `lines` by binary search.
     time_of: HashMap<Text, Timestamp>,
     fault: Option<Fault>,
+}
+
+impl SimCard {
+    /// Where the line keyed (`time`, `txn_id`) is, or would be inserted.
+    fn position(&self, time: Timestamp, txn_id: &str) -> Result<usize, usize> {
+        self.lines.binary_search_by(|line| line.key().cmp(&(time, txn_id)))
+    }
+
+    fn find(&self, txn_id: &str) -> Option<usize> {
+        let time = *self.time_of.get(txn_id)?;
+        self.position(time, txn_id).ok()
+    }
+
+    fn insert(&mut self, line: SimLine) {
+        let after_last = self.lines.back().is_none_or(|last| last.key() < line.key());
+        if after_last {
+            self.lines.push_back(line);
+        } else {
+            let (time, txn_id) = (line.full.time, line.full.txn_id.clone());
+            match self.position(time, &txn_id) {
+                Ok(slot) => self.lines[slot] = line,
+                Err(slot) => self.lines.insert(slot, line),
+            }
+        }
+    }
 }
 
 /// One provider's wallets.
@@ -44,17 +107,22 @@ pub enum Answer {
 impl WalletSim {
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
-        let card = self.cards.entry(card_id.into()).or_default();
-        if let Some(time) = card.time_of.remove(&line.txn_id) {
-            card.lines.remove(&(time, line.txn_id.clone()));
-        }
-        card.time_of.insert(line.txn_id.clone(), line.time);
-        card.lines.insert((line.time, line.txn_id.clone()), (at, Arc::new(line)));
-        while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
-            if let Some(((_, txn_id), _)) = card.lines.pop_first() {
-                card.time_of.remove(&txn_id);
+        let card = match self.cards.get_mut(card_id) {
+            Some(card) => card,
+            None => self.cards.entry(card_id.into()).or_default(),
+        };
+        if let Some(time) = card.time_of.insert(line.txn_id.clone(), line.time) {
+            if let Ok(slot) = card.position(time, &line.txn_id) {
+                card.lines.remove(slot);
             }
         }
+        card.insert(SimLine::new(line, at));
+        while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
+            if let Some(oldest) = card.lines.pop_front() {
+                card.time_of.remove(&oldest.full.txn_id);
+            }
+        }
+        debug_assert_eq!(card.lines.len(), card.time_of.len());
     }
 
     /// `wallet_line_status`: ignored for an unknown transaction (SPEC §7 edge decisions).
@@ -62,12 +130,12 @@ impl WalletSim {
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
-        let Some(time) = card.time_of.get(txn_id) else {
+        let Some(slot) = card.find(txn_id) else {
             return;
         };
-        if let Some((_, line)) = card.lines.get_mut(&(*time, txn_id.into())) {
-            Arc::make_mut(line).status = status;
-        }
+        let line = &mut card.lines[slot];
+        Arc::make_mut(&mut line.full).status = status;
+        line.listed = listed(&line.full);
     }
 
     /// `wallet_fault`: lasts until the card's next fault event.
@@ -86,36 +154,29 @@ impl WalletSim {
             }
             _ => {}
         }
-        let visible = card
-            .into_iter()
-            .flat_map(|card| card.lines.values())
-            .filter(move |(added_at, line)| *added_at <= now && line.time <= now)
-            .map(|(_, line)| line);
+        let Some(card) = card else {
+            return match request.mode {
+                CrawlMode::Detail => Answer::Error(CrawlError::DetailUnavailable),
+                _ => Answer::Page { lines: Vec::new(), next_from: None },
+            };
+        };
         if request.mode == CrawlMode::Detail {
             let txn_id = request.txn_id.as_deref().unwrap_or_default();
-            return match visible.into_iter().find(|line| line.txn_id == txn_id) {
-                Some(line) => Answer::Detail(line.clone()),
-                None => Answer::Error(CrawlError::DetailUnavailable),
+            return match card.find(txn_id).map(|slot| &card.lines[slot]) {
+                Some(line) if line.visible_at(now) => Answer::Detail(line.full.clone()),
+                _ => Answer::Error(CrawlError::DetailUnavailable),
             };
         }
         let limit = request.limit.unwrap_or(50) as usize;
+        let visible = |line: &&SimLine| line.visible_at(now);
         // List answers do not show the payee's IFSC (only detail answers do, SPEC §5).
-        let strip = |line: &Arc<StatementLine>| match line.payee_ifsc {
-            Some(_) => Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(line) }),
-            None => Arc::clone(line),
-        };
         let lines: Vec<Arc<StatementLine>> = match request.order {
             Some(PageOrder::Asc) => {
                 let from = request.from.unwrap_or_default();
-                card.into_iter()
-                    .flat_map(|card| card.lines.range((from, Text::const_new(""))..).map(|(_, entry)| entry))
-                    .filter(|(added_at, line)| *added_at <= now && line.time <= now)
-                    .map(|(_, line)| line)
-                    .take(limit)
-                    .map(strip)
-                    .collect()
+                let start = card.lines.partition_point(|line| line.full.time < from);
+                card.lines.range(start..).filter(visible).take(limit).map(|line| line.listed.clone()).collect()
             }
-            _ => visible.rev().take(limit).map(strip).collect(),
+            _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| line.listed.clone()).collect(),
         };
         let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
         Answer::Page { lines, next_from }
@@ -144,6 +205,151 @@ impl Answer {
             error,
             lines,
             next_from,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The provider against a model: the ordered map it used to be (every line by (time, txn id), a page
+    //! read by filtering and copying), under random additions, replacements, status changes and answers.
+
+    use super::*;
+    use crate::input::{Counterparty, Direction, Provider};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// A card's lines by (time, txn id), each with the time it was added.
+    type ModelCard = BTreeMap<(Timestamp, Text), (Timestamp, StatementLine)>;
+
+    #[derive(Default)]
+    struct Model {
+        cards: BTreeMap<u8, ModelCard>,
+    }
+
+    impl Model {
+        fn add_line(&mut self, card: u8, line: StatementLine, at: Timestamp) {
+            let lines = self.cards.entry(card).or_default();
+            lines.retain(|(_, txn_id), _| *txn_id != line.txn_id);
+            lines.insert((line.time, line.txn_id.clone()), (at, line));
+        }
+
+        fn set_status(&mut self, card: u8, txn_id: &str, status: LineStatus) {
+            let lines = self.cards.entry(card).or_default();
+            for (_, line) in lines.values_mut().filter(|(_, line)| line.txn_id == txn_id) {
+                line.status = status;
+            }
+        }
+
+        fn answer(&self, card: u8, request: &CrawlRequested, now: Timestamp) -> Answer {
+            let empty = BTreeMap::new();
+            let lines = self.cards.get(&card).unwrap_or(&empty);
+            let visible: Vec<&StatementLine> = lines
+                .values()
+                .filter(|(added_at, line)| *added_at <= now && line.time <= now)
+                .map(|(_, line)| line)
+                .collect();
+            if request.mode == CrawlMode::Detail {
+                return match visible.iter().find(|line| Some(&line.txn_id) == request.txn_id.as_ref()) {
+                    Some(line) => Answer::Detail(Arc::new(StatementLine::clone(line))),
+                    None => Answer::Error(CrawlError::DetailUnavailable),
+                };
+            }
+            let limit = request.limit.unwrap_or(50) as usize;
+            let strip =
+                |line: &&StatementLine| Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(line) });
+            let page: Vec<Arc<StatementLine>> = match request.order {
+                Some(PageOrder::Asc) => {
+                    let from = request.from.unwrap_or_default();
+                    visible.iter().filter(|line| line.time >= from).take(limit).map(strip).collect()
+                }
+                _ => visible.iter().rev().take(limit).map(strip).collect(),
+            };
+            let next_from = (page.len() == limit).then(|| page.last().map(|line| line.time)).flatten();
+            Answer::Page { lines: page, next_from }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Operation {
+        Add { card: u8, txn: u8, time: i64, delay: i64, ifsc: bool },
+        Status { card: u8, txn: u8, failed: bool },
+        Ask { card: u8, mode: u8, from: i64, limit: u32, txn: u8, lag: i64 },
+    }
+
+    fn operation() -> impl Strategy<Value = Operation> {
+        prop_oneof![
+            3 => (0u8..2, 0u8..12, 0i64..30, 0i64..5, any::<bool>())
+                .prop_map(|(card, txn, time, delay, ifsc)| Operation::Add { card, txn, time, delay, ifsc }),
+            1 => (0u8..2, 0u8..12, any::<bool>()).prop_map(|(card, txn, failed)| Operation::Status { card, txn, failed }),
+            2 => (0u8..3, 0u8..4, 0i64..30, 1u32..6, 0u8..12, -5i64..5)
+                .prop_map(|(card, mode, from, limit, txn, lag)| Operation::Ask { card, mode, from, limit, txn, lag }),
+        ]
+    }
+
+    fn seconds(value: i64) -> Timestamp {
+        Timestamp::from_millis(1_700_000_000_000 + value * 1000)
+    }
+
+    fn line(txn: u8, time: i64, ifsc: bool) -> StatementLine {
+        StatementLine {
+            txn_id: format!("t{txn}").into(),
+            utr: None,
+            utr_supported: true,
+            direction: Direction::In,
+            amount: "1.00".into(),
+            status: LineStatus::Success,
+            time: seconds(time),
+            counterparty: Counterparty::default(),
+            payee_ifsc: ifsc.then(|| "IFSC0001".into()),
+        }
+    }
+
+    fn request(card: u8, mode: u8, from: i64, limit: u32, txn: u8) -> CrawlRequested {
+        let (mode, order) = match mode {
+            0 => (CrawlMode::OrderCheck, None),
+            1 => (CrawlMode::Reservoir, Some(PageOrder::Asc)),
+            2 => (CrawlMode::OrderCheck, Some(PageOrder::Desc)),
+            _ => (CrawlMode::Detail, None),
+        };
+        CrawlRequested {
+            request_id: "r".into(),
+            user_id: "u".into(),
+            card_id: format!("c{card}").into(),
+            provider: Provider::Phonepe,
+            mode,
+            order,
+            from: Some(seconds(from)),
+            limit: Some(limit),
+            txn_id: Some(format!("t{txn}").into()),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn answers_as_an_ordered_map_would(operations in proptest::collection::vec(operation(), 1..80)) {
+            let (mut sim, mut model) = (WalletSim::default(), Model::default());
+            let mut clock = 0i64;
+            for operation in operations {
+                clock += 1;
+                match operation {
+                    Operation::Add { card, txn, time, delay, ifsc } => {
+                        let at = seconds(clock + delay);
+                        sim.add_line(&format!("c{card}"), line(txn, time, ifsc), at);
+                        model.add_line(card, line(txn, time, ifsc), at);
+                    }
+                    Operation::Status { card, txn, failed } => {
+                        let status = if failed { LineStatus::Failed } else { LineStatus::Processing };
+                        sim.set_status(&format!("c{card}"), &format!("t{txn}"), status);
+                        model.set_status(card, &format!("t{txn}"), status);
+                    }
+                    Operation::Ask { card, mode, from, limit, txn, lag } => {
+                        let request = request(card, mode, from, limit, txn);
+                        let now = seconds(clock + lag);
+                        prop_assert_eq!(sim.answer(&request, now), model.answer(card, &request, now));
+                    }
+                }
+            }
         }
     }
 }
