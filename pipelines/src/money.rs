@@ -5,8 +5,11 @@ use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Serialize, Serializer};
 use std::fmt;
 
-/// Money is stored in paise-precision decimals; every constructor keeps the scale at 2.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Money is stored in paise-precision decimals; every constructor keeps the scale at 2 (zero included),
+/// so the decimal's mantissa is the amount in paise and comparisons, sums and differences are integer
+/// operations on it (measured: `rust_decimal`'s general add and compare, which first align scales, were
+/// ≈ 12 % of the engine's instructions).
+#[derive(Clone, Copy, Debug)]
 pub struct Money(Decimal);
 
 /// Decimals a rate may have: with money at 2 decimals and amounts below 10^15, products stay within
@@ -29,7 +32,20 @@ pub enum MoneyError {
 }
 
 impl Money {
-    pub const ZERO: Money = Money(Decimal::ZERO);
+    pub const ZERO: Money = Money(Decimal::from_parts(0, 0, 0, false, Money::SCALE));
+    /// Decimal places of every amount.
+    const SCALE: u32 = 2;
+
+    /// The amount in paise (the mantissa: every `Money` has scale 2).
+    fn paise(self) -> i128 {
+        debug_assert_eq!(self.0.scale(), Money::SCALE);
+        self.0.mantissa()
+    }
+
+    /// `paise` as money, or an overflow beyond the decimal's 96-bit mantissa.
+    fn from_paise_wide(paise: i128) -> Result<Money, MoneyError> {
+        Decimal::try_from_i128_with_scale(paise, Money::SCALE).map(Money).map_err(|_| MoneyError::Overflow)
+    }
 
     /// Parses a money string: at most two decimal places ("100" is accepted, "1.005" is not).
     pub fn parse(text: &str) -> Result<Money, MoneyError> {
@@ -93,7 +109,7 @@ impl Money {
     }
 
     fn from_decimal(value: Decimal) -> Money {
-        if value.scale() == 2 {
+        if value.scale() == Money::SCALE {
             return Money(value); // sums and differences of money: nothing to round
         }
         let mut rounded = value.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
@@ -108,7 +124,7 @@ impl Money {
 
     /// Paise (1/100 rupee) as an integer: exact, for property tests and generators.
     pub fn from_paise(paise: i64) -> Money {
-        Money(Decimal::new(paise, 2))
+        Money(Decimal::new(paise, Money::SCALE))
     }
 
     pub fn decimal(self) -> Decimal {
@@ -116,23 +132,24 @@ impl Money {
     }
 
     pub fn is_positive(self) -> bool {
-        self.0 > Decimal::ZERO
+        self.paise() > 0
     }
 
     pub fn is_negative(self) -> bool {
-        self.0 < Decimal::ZERO
+        self.paise() < 0
     }
 
     pub fn is_zero(self) -> bool {
-        self.0.is_zero()
+        self.paise() == 0
     }
 
+    /// Exact: two 96-bit mantissas cannot overflow an `i128`; a sum beyond 96 bits is refused.
     pub fn checked_add(self, other: Money) -> Result<Money, MoneyError> {
-        self.0.checked_add(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
+        Money::from_paise_wide(self.paise() + other.paise())
     }
 
     pub fn checked_sub(self, other: Money) -> Result<Money, MoneyError> {
-        self.0.checked_sub(other.0).map(Money::from_decimal).ok_or(MoneyError::Overflow)
+        Money::from_paise_wide(self.paise() - other.paise())
     }
 
     /// Addition of amounts the stages already validated (each ≤ the input maximum): an overflow is a
@@ -159,11 +176,13 @@ impl Money {
 
     /// The largest multiple of 100 rupees not above `self` (R-DEBT-1); zero for negatives.
     pub fn floor_hundreds(self) -> Money {
-        if self.0 <= Decimal::ZERO {
+        const HUNDRED_RUPEES_PAISE: i128 = 10_000;
+        let paise = self.paise();
+        if paise <= 0 {
             return Money::ZERO;
         }
-        let hundreds = (self.0 / Decimal::ONE_HUNDRED).floor();
-        Money::from_decimal(hundreds * Decimal::ONE_HUNDRED)
+        // Not above `self`, so it fits wherever `self` does.
+        Money::from_paise_wide(paise - paise % HUNDRED_RUPEES_PAISE).unwrap_or(Money::ZERO)
     }
 
     pub fn negated(self) -> Money {
@@ -184,16 +203,48 @@ impl Money {
 
     /// "Amounts equal" (SPEC §3): `|a − b| ≤ tolerance`.
     pub fn within(self, other: Money, tolerance: Money) -> bool {
-        (self.0 - other.0).abs() <= tolerance.0
+        (self.paise() - other.paise()).abs() <= tolerance.paise()
+    }
+}
+
+impl Default for Money {
+    fn default() -> Money {
+        Money::ZERO
+    }
+}
+
+/// Equal amounts are equal paise (a negative zero equals zero, as for the decimal).
+impl PartialEq for Money {
+    fn eq(&self, other: &Money) -> bool {
+        self.paise() == other.paise()
+    }
+}
+
+impl Eq for Money {}
+
+impl PartialOrd for Money {
+    fn partial_cmp(&self, other: &Money) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Money {
+    fn cmp(&self, other: &Money) -> std::cmp::Ordering {
+        self.paise().cmp(&other.paise())
+    }
+}
+
+/// Hashes what equality compares.
+impl std::hash::Hash for Money {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.paise().hash(state);
     }
 }
 
 impl fmt::Display for Money {
     /// Always two decimals (`"456.00"`); integer arithmetic, as this is on every output's path.
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut value = self.0;
-        value.rescale(2);
-        let paise = value.mantissa();
+        let paise = self.paise();
         let sign = if paise < 0 { "-" } else { "" };
         let paise = paise.unsigned_abs();
         write!(formatter, "{sign}{}.{:02}", paise / 100, paise % 100)
@@ -288,6 +339,53 @@ mod tests {
                 prop_assert_eq!(result.decimal().scale(), 2);
             }
         }
+    }
+
+    /// The decimal arithmetic the integer paths replace.
+    fn reference(paise: i64) -> Decimal {
+        Decimal::new(paise, 2)
+    }
+
+    proptest! {
+        /// Sums, differences, comparisons, tolerance and the hundreds rule on paise agree with
+        /// `rust_decimal`'s arithmetic on the same amounts.
+        #[test]
+        fn integer_paths_agree_with_decimal_arithmetic(
+            a in -10_i64.pow(15)..10_i64.pow(15),
+            b in -10_i64.pow(15)..10_i64.pow(15),
+            tolerance in 0_i64..1_000,
+        ) {
+            let (x, y) = (Money::from_paise(a), Money::from_paise(b));
+            prop_assert_eq!(x.checked_add(y).unwrap().decimal(), reference(a) + reference(b));
+            prop_assert_eq!(x.checked_sub(y).unwrap().decimal(), reference(a) - reference(b));
+            prop_assert_eq!(x.cmp(&y), reference(a).cmp(&reference(b)));
+            prop_assert_eq!(x == y, reference(a) == reference(b));
+            prop_assert_eq!(
+                x.within(y, Money::from_paise(tolerance)),
+                (reference(a) - reference(b)).abs() <= reference(tolerance)
+            );
+            let hundreds = if a <= 0 {
+                Decimal::ZERO
+            } else {
+                (reference(a) / Decimal::ONE_HUNDRED).floor() * Decimal::ONE_HUNDRED
+            };
+            prop_assert_eq!(x.floor_hundreds().decimal(), hundreds);
+            prop_assert_eq!(x.floor_hundreds().decimal().scale(), 2);
+            prop_assert_eq!((x.is_positive(), x.is_negative(), x.is_zero()),
+                (a > 0, a < 0, a == 0));
+        }
+    }
+
+    #[test]
+    fn zero_has_two_decimals_and_sums_beyond_the_mantissa_overflow() {
+        assert_eq!(Money::ZERO.decimal().scale(), 2);
+        assert_eq!(Money::default(), Money::from_paise(0));
+        assert_eq!(Money::ZERO.negated(), Money::ZERO);
+        assert_eq!(Money::ZERO.negated().to_string(), "0.00");
+        let largest = Money(Decimal::from_i128_with_scale((1_i128 << 96) - 1, 2));
+        assert_eq!(largest.checked_add(Money::from_paise(1)), Err(MoneyError::Overflow));
+        assert_eq!(largest.negated().checked_sub(Money::from_paise(1)), Err(MoneyError::Overflow));
+        assert!(largest.checked_sub(Money::from_paise(1)).is_ok());
     }
 
     #[test]
