@@ -37,13 +37,28 @@ pub use time::Timestamp;
 pub type Text = compact_str::CompactString;
 
 /// `"{first}{separator}{second}"` as a [`Text`], without the formatting machinery (ids built on hot
-/// paths: request ids, callback ids, provider answers' event ids).
+/// paths: request ids, callback ids, provider answers' event ids). An id that fits inline is assembled
+/// on the stack and copied once (three `push_str`s each re-check capacity and re-encode the length).
 pub fn joined(first: &str, separator: char, second: &str) -> Text {
-    let mut text = Text::with_capacity(first.len() + separator.len_utf8() + second.len());
-    text.push_str(first);
-    text.push(separator);
-    text.push_str(second);
-    text
+    const INLINE_BYTES_MAX: usize = std::mem::size_of::<Text>();
+    let mut separator_bytes = [0u8; 4];
+    let separator = separator.encode_utf8(&mut separator_bytes).as_bytes();
+    let length = first.len() + separator.len() + second.len();
+    if length > INLINE_BYTES_MAX {
+        let mut text = Text::with_capacity(length);
+        text.push_str(first);
+        text.push_str(std::str::from_utf8(separator).unwrap_or_default());
+        text.push_str(second);
+        return text;
+    }
+    let mut buffer = [0u8; INLINE_BYTES_MAX];
+    let (head, rest) = buffer.split_at_mut(first.len());
+    head.copy_from_slice(first.as_bytes());
+    let (middle, rest) = rest.split_at_mut(separator.len());
+    middle.copy_from_slice(separator);
+    rest[..second.len()].copy_from_slice(second.as_bytes());
+    // Two strings and a character, concatenated: always UTF-8.
+    Text::from_utf8(&buffer[..length]).unwrap_or_default()
 }
 
 /// `"{first}{separator}{number}"` as a [`Text`] (see [`joined`]).
@@ -74,6 +89,13 @@ mod tests {
         fn ids_are_what_format_writes(first in "[a-z0-9:-]{0,30}", second in "[a-z0-9:-]{0,30}", number: u64) {
             prop_assert_eq!(super::numbered(&first, ':', number).to_string(), format!("{first}:{number}"));
             prop_assert_eq!(super::joined(&first, ':', &second).to_string(), format!("{first}:{second}"));
+        }
+
+        /// Around the inline size, and with characters of every UTF-8 length.
+        #[test]
+        fn joined_is_concatenation(first in "\\PC{0,14}", separator: char, second in "\\PC{0,14}") {
+            let text = super::joined(&first, separator, &second);
+            prop_assert_eq!(text.as_str(), format!("{first}{separator}{second}"));
         }
     }
 
