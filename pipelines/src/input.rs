@@ -332,12 +332,16 @@ pub fn parse_line(text: &str, default_event_id: impl FnOnce() -> String) -> Resu
             serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
         return Ok(Parsed::Config(Box::new(overrides)));
     }
-    parse_input_object(object, default_event_id).map(Parsed::Input)
+    parse_input_object(&mut object, default_event_id).map(Parsed::Input)
 }
 
 /// Parses an input that is known not to be `config` (the services' `POST /v1/events`).
+///
+/// The envelope (`at`, `event_id`) is taken out of `object` and the command is read from what is left,
+/// without copying it: a caller that must name the field a schema error is about still has the
+/// command's fields.
 pub fn parse_input_object(
-    mut object: Map<String, Value>,
+    object: &mut Map<String, Value>,
     default_event_id: impl FnOnce() -> String,
 ) -> Result<Input, ParseError> {
     let at = match object.remove("at") {
@@ -353,8 +357,7 @@ pub fn parse_input_object(
     if object.get("type").and_then(Value::as_str) == Some("config") {
         return Err(ParseError::ConfigNotFirst);
     }
-    let command: Command =
-        serde_json::from_value(Value::Object(object)).map_err(|error| ParseError::Schema(error.to_string()))?;
+    let command = Command::deserialize(&*object).map_err(|error| ParseError::Schema(error.to_string()))?;
     Ok(Input { event_id: event_id.into(), at, command })
 }
 

@@ -150,11 +150,8 @@ fn prepare(
     refuse_type(&object)?;
     set_time(&mut object, now)?;
     set_event_id(&mut object, caller, state.limits.event_id_bytes_max)?;
-    // Kept to name the faulty field if parsing fails (the parser consumes the object).
-    let mut envelope_free = object.clone();
-    envelope_free.remove("at");
-    envelope_free.remove("event_id");
-    parse_input_object(object, generated_event_id).map_err(|error| parse_error(error, &envelope_free))
+    // The parser takes the envelope out and leaves the command's fields, which name a faulty field.
+    parse_input_object(&mut object, generated_event_id).map_err(|error| parse_error(error, &object))
 }
 
 fn refuse_type(object: &Map<String, Value>) -> Result<(), ApiError> {

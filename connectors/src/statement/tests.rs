@@ -87,7 +87,7 @@ fn replay_sim(events: &[Value]) -> (WalletSim, Timestamp) {
     let mut sim = WalletSim::default();
     let mut now = Timestamp::default();
     for event in events {
-        let input = parse_input_object(event.as_object().unwrap().clone(), || "e".to_string()).unwrap();
+        let input = parse_input_object(&mut event.as_object().unwrap().clone(), || "e".to_string()).unwrap();
         match input.command {
             Command::WalletLine(event) => sim.add_line(&event.card_id, *event.line, input.at),
             Command::WalletLineStatus(event) => sim.set_status(&event.card_id, &event.txn_id, event.status),

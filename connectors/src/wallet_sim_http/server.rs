@@ -423,7 +423,7 @@ fn wallet_event(
     if let (Some(stamp), None | Some(Value::Null)) = (stamp, object.get("at")) {
         object.insert("at".to_string(), Value::String(stamp.to_string()));
     }
-    let input = parse_input_object(object, || "wallet-sim".to_string()).map_err(|error| {
+    let input = parse_input_object(&mut object, || "wallet-sim".to_string()).map_err(|error| {
         let field = match &error {
             ParseError::BadTime(_) => Some("at".to_string()),
             ParseError::BadEventId => Some("event_id".to_string()),
