@@ -69,18 +69,15 @@ impl Agent {
             return;
         }
         // UTRs of the card's open sub-orders: a line carrying one is left out of C2, C3 and P2 for others.
-        let mut utr_owner: HashMap<Text, BTreeSet<usize>> = HashMap::default();
-        for sub in &live {
-            for utr in &self.subs[*sub].utrs {
-                utr_owner.entry(utr.clone()).or_default().insert(*sub);
-            }
-        }
+        // A card has a few live sub-orders, so a list scanned per line beats a map of sets (measured:
+        // building the map allocated a set per UTR on every check).
+        let utr_owners: Vec<(Text, usize)> =
+            live.iter().flat_map(|sub| self.subs[*sub].utrs.iter().map(move |utr| (utr.clone(), *sub))).collect();
         let owned_by_other = |line: &BillLine, sub: usize| {
             line.line
                 .utr
                 .as_ref()
-                .and_then(|utr| utr_owner.get(utr))
-                .is_some_and(|owners| owners.iter().any(|owner| *owner != sub))
+                .is_some_and(|utr| utr_owners.iter().any(|(owned, owner)| owned == utr && *owner != sub))
         };
         let collections: Vec<usize> =
             candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
@@ -110,7 +107,7 @@ impl Agent {
 
     /// R-MATCH-C1: an `in` line with the sub-order's UTR inside the window.
     fn pass_c1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
-        let mut taken = BTreeSet::new();
+        let mut taken: Vec<Text> = Vec::new(); // a few lines per check: a list, not a set
         let mut decisions = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
@@ -126,7 +123,7 @@ impl Agent {
                     && line.line.utr.as_ref().is_some_and(|utr| record.utrs.contains(utr))
             });
             if let Some(line) = hit {
-                taken.insert(line.line.txn_id.clone());
+                taken.push(line.line.txn_id.clone());
                 decisions.push(Decision::Collection {
                     sub,
                     txn_id: line.line.txn_id.clone(),
@@ -250,7 +247,7 @@ impl Agent {
 
     /// R-MATCH-P1: `out` lines with one of the payout's UTRs and its payee (IFSC verified on mobikwik).
     fn pass_p1(&self, card: &Card, subs: &[usize], check_time: Timestamp, context: &Context) -> Vec<Decision> {
-        let mut taken = BTreeSet::new();
+        let mut taken: Vec<Text> = Vec::new(); // a few lines per check: a list, not a set
         let mut decisions = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
@@ -275,7 +272,7 @@ impl Agent {
                 if !candidate {
                     continue;
                 }
-                taken.insert(txn_id.clone());
+                taken.push(txn_id.clone());
                 if needs_ifsc && !record.ifsc_verified.contains(txn_id) {
                     decisions.push(Decision::Detail { sub, txn_id: txn_id.clone() });
                     break;
@@ -299,7 +296,7 @@ impl Agent {
         context: &Context,
     ) -> Vec<Decision> {
         let tolerance = context.config.amount_tolerance;
-        let mut taken = BTreeSet::new();
+        let mut taken: Vec<Text> = Vec::new(); // a few lines per check: a list, not a set
         let mut decisions = Vec::new();
         for &sub in subs {
             let record = &self.subs[sub];
@@ -320,7 +317,7 @@ impl Agent {
                     && !owned_by_other(line, sub)
             });
             if let Some(line) = hit {
-                taken.insert(line.line.txn_id.clone());
+                taken.push(line.line.txn_id.clone());
                 decisions.push(Decision::Payout { sub, txn_ids: vec![line.line.txn_id.clone()], rule: "R-MATCH-P2" });
             }
         }
@@ -458,6 +455,10 @@ enum Pass {
 /// Splits C3 candidates into groups of sub-orders linked by a line they could both take, each group
 /// in creation order (union-find over the candidate lines).
 fn equal_amount_groups(candidates: Vec<(usize, Vec<Text>)>) -> Vec<Vec<(usize, Vec<Text>)>> {
+    if candidates.len() <= 1 {
+        // The usual case, one sub-order: its own group (no group at all for none).
+        return if candidates.is_empty() { Vec::new() } else { vec![candidates] };
+    }
     let mut parent: Vec<usize> = (0..candidates.len()).collect();
     fn root(parent: &mut [usize], mut node: usize) -> usize {
         while parent[node] != node {
