@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::{Output, OutputBody};
 use crate::partition::{route_input, Routed};
+use crate::seen::SeenIds;
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
@@ -14,8 +15,6 @@ use crate::stages::{AgentBody, Effects, Message, Timer};
 use crate::time::Timestamp;
 use crate::timers::TimerQueue;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
-use crate::Text;
-use rustc_hash::FxHashSet as HashSet;
 
 /// Internal events one input may cause before the engine declares a livelock (a bug, not bad input).
 const CASCADE_EVENTS_MAX: usize = 1_000_000;
@@ -31,7 +30,7 @@ pub struct Engine {
     timers: TimerQueue<Timer>,
     timers_created: u64,
     clock: Timestamp,
-    seen_event_ids: HashSet<Text>,
+    seen_event_ids: SeenIds,
     outputs: Vec<Output>,
     effects: Effects,
     /// `crawl_result`s the simulated provider produced: log events in a deployment (the connector
@@ -50,7 +49,7 @@ impl Engine {
             timers: TimerQueue::new(),
             timers_created: 0,
             clock: Timestamp::default(),
-            seen_event_ids: HashSet::default(),
+            seen_event_ids: SeenIds::default(),
             outputs: Vec::new(),
             effects: Effects::default(),
             provider_answers: 0,
@@ -85,7 +84,7 @@ impl Engine {
     pub fn apply(&mut self, input: Input) {
         self.fire_timers_before(input.at);
         self.clock = self.clock.max(input.at);
-        if !self.seen_event_ids.insert(input.event_id.clone()) {
+        if !self.seen_event_ids.insert(&input.event_id) {
             return; // SPEC §3: an event id already seen, applied or rejected, is ignored.
         }
         let now = self.clock;
@@ -200,7 +199,7 @@ impl Engine {
                 // The answer is an ordinary input of the agent stage (SPEC §9).
                 let event_id = crate::joined("provider", ':', &request.request_id);
                 self.provider_answers += 1;
-                if self.seen_event_ids.insert(event_id.clone()) {
+                if self.seen_event_ids.insert(&event_id) {
                     self.effects.messages.push_back(Message::Agent {
                         user_id: request.user_id.clone(),
                         body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },

@@ -17,6 +17,7 @@ pub mod money;
 pub mod output;
 pub mod partition;
 pub mod replay;
+pub mod seen;
 pub mod snapshot;
 pub mod stages;
 pub mod time;
