@@ -10,7 +10,48 @@ pub struct Timestamp(i64);
 
 impl Timestamp {
     pub fn parse(text: &str) -> Option<Timestamp> {
+        if let Some(time) = Timestamp::parse_canonical(text) {
+            return Some(time);
+        }
         DateTime::parse_from_rfc3339(text).ok().map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
+    }
+
+    /// The form every time is written in, `YYYY-MM-DDTHH:MM:SSZ` or `YYYY-MM-DDTHH:MM:SS.fffZ`, read
+    /// without chrono's general RFC 3339 parser (every record and statement line carries times). None
+    /// for anything else, including impossible dates, which chrono then decides; a property test checks
+    /// both agree.
+    fn parse_canonical(text: &str) -> Option<Timestamp> {
+        let bytes = text.as_bytes();
+        let number = |range: std::ops::Range<usize>| -> Option<i64> {
+            bytes
+                .get(range)?
+                .iter()
+                .try_fold(0i64, |value, byte| byte.is_ascii_digit().then(|| value * 10 + i64::from(byte - b'0')))
+        };
+        let millis = match bytes.len() {
+            20 if bytes[19] == b'Z' => 0,
+            24 if bytes[19] == b'.' && bytes[23] == b'Z' => number(20..23)?,
+            _ => return None,
+        };
+        let separators = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+        if separators.iter().any(|(at, separator)| bytes[*at] != *separator) {
+            return None;
+        }
+        let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+        let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        let valid = (1..=12).contains(&month)
+            && day >= 1
+            && day <= month_days[(month - 1) as usize]
+            && hour < 24
+            && minute < 60
+            && second < 60;
+        if !valid {
+            return None;
+        }
+        let days = days_from_civil(year, month as u32, day as u32);
+        Some(Timestamp(((days * 86_400 + hour * 3600 + minute * 60 + second) * 1000) + millis))
     }
 
     pub fn from_millis(millis: i64) -> Timestamp {
@@ -40,6 +81,18 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
+}
+
+/// (year, month, day) → days since 1970-01-01 (Howard Hinnant's `days_from_civil`, the inverse of
+/// `civil_from_days`).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let month = i64::from(month);
+    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 impl fmt::Display for Timestamp {
@@ -95,7 +148,8 @@ impl Serialize for Timestamp {
 
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
+        // Borrowed from the input when it can be (JSON without escapes): no allocation per time.
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
         Timestamp::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 time")))
     }
 }
@@ -112,6 +166,38 @@ mod tests {
             let format = if millis % 1000 == 0 { SecondsFormat::Secs } else { SecondsFormat::Millis };
             assert_eq!(ours, time.to_rfc3339_opts(format, true), "millis {millis}");
         }
+    }
+
+    use proptest::prelude::*;
+
+    fn chrono_parse(text: &str) -> Option<Timestamp> {
+        DateTime::parse_from_rfc3339(text).ok().map(|time| Timestamp(time.with_timezone(&Utc).timestamp_millis()))
+    }
+
+    proptest! {
+        /// The canonical-form reader agrees with chrono on what it accepts (impossible dates and
+        /// other forms go to chrono), and writing then reading gives the same time back.
+        #[test]
+        fn the_canonical_reader_agrees_with_chrono(
+            text in r"[0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-6][0-9]:[0-6][0-9](\.[0-9]{3})?Z|[0-9:TZ.+-]{18,26}",
+            millis in 0i64..253_402_300_799_999,
+        ) {
+            if let Some(time) = Timestamp::parse_canonical(&text) {
+                prop_assert_eq!(Some(time), chrono_parse(&text), "{}", text);
+            }
+            prop_assert_eq!(Timestamp::parse(&text), chrono_parse(&text), "{}", text);
+            let written = Timestamp(millis).to_string();
+            prop_assert_eq!(Timestamp::parse_canonical(&written), Some(Timestamp(millis)), "{}", written);
+        }
+    }
+
+    #[test]
+    fn impossible_dates_are_left_to_chrono() {
+        for text in ["2026-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-04-31T00:00:00Z", "2026-01-01T24:00:00Z"] {
+            assert_eq!(Timestamp::parse_canonical(text), None, "{text}");
+            assert_eq!(Timestamp::parse(text), chrono_parse(text), "{text}");
+        }
+        assert_eq!(Timestamp::parse_canonical("2024-02-29T23:59:59.999Z"), chrono_parse("2024-02-29T23:59:59.999Z"));
     }
 
     #[test]
