@@ -66,8 +66,11 @@ impl Engine {
     }
 
     /// Hands the outputs so far to the caller (services stream them; replay keeps them).
+    /// The next outputs get room for as many as were taken, so a caller that takes them regularly
+    /// does not make the engine grow (and copy) the list from empty each time.
     pub fn take_outputs(&mut self) -> Vec<Output> {
-        std::mem::take(&mut self.outputs)
+        let capacity = self.outputs.capacity();
+        std::mem::replace(&mut self.outputs, Vec::with_capacity(capacity))
     }
 
     /// `crawl_result` answers the simulated provider produced so far.
