@@ -42,21 +42,19 @@ pub type Text = compact_str::CompactString;
 /// on the stack and copied once (three `push_str`s each re-check capacity and re-encode the length).
 pub fn joined(first: &str, separator: char, second: &str) -> Text {
     const INLINE_BYTES_MAX: usize = std::mem::size_of::<Text>();
-    let mut separator_bytes = [0u8; 4];
-    let separator = separator.encode_utf8(&mut separator_bytes).as_bytes();
-    let length = first.len() + separator.len() + second.len();
+    let length = first.len() + separator.len_utf8() + second.len();
     if length > INLINE_BYTES_MAX {
         let mut text = Text::with_capacity(length);
         text.push_str(first);
-        text.push_str(std::str::from_utf8(separator).unwrap_or_default());
+        text.push(separator);
         text.push_str(second);
         return text;
     }
     let mut buffer = [0u8; INLINE_BYTES_MAX];
     let (head, rest) = buffer.split_at_mut(first.len());
     head.copy_from_slice(first.as_bytes());
-    let (middle, rest) = rest.split_at_mut(separator.len());
-    middle.copy_from_slice(separator);
+    let (middle, rest) = rest.split_at_mut(separator.len_utf8());
+    separator.encode_utf8(middle);
     rest[..second.len()].copy_from_slice(second.as_bytes());
     // Two strings and a character, concatenated: always UTF-8.
     Text::from_utf8(&buffer[..length]).unwrap_or_default()

@@ -1,7 +1,7 @@
 //! Event time (SPEC §3): milliseconds since the Unix epoch, parsed from RFC 3339 and written
 //! `YYYY-MM-DDTHH:MM:SSZ` (with `.fff` only when sub-second). No stage reads the OS clock.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -17,9 +17,10 @@ impl Timestamp {
     }
 
     /// The form every time is written in, `YYYY-MM-DDTHH:MM:SSZ` or `YYYY-MM-DDTHH:MM:SS.fffZ`, read
-    /// without chrono's general RFC 3339 parser (every record and statement line carries times). None
-    /// for anything else, including impossible dates, which chrono then decides; a property test checks
-    /// both agree.
+    /// without chrono's general RFC 3339 parser (every record and statement line carries times): the
+    /// digits are read here and chrono's calendar checks and converts them. None for anything else,
+    /// including impossible dates, which the general parser then decides; a property test checks both
+    /// agree.
     fn parse_canonical(text: &str) -> Option<Timestamp> {
         let bytes = text.as_bytes();
         let number = |range: std::ops::Range<usize>| -> Option<i64> {
@@ -37,21 +38,11 @@ impl Timestamp {
         if separators.iter().any(|(at, separator)| bytes[*at] != *separator) {
             return None;
         }
-        let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
-        let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
-        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-        let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-        let valid = (1..=12).contains(&month)
-            && day >= 1
-            && day <= month_days[(month - 1) as usize]
-            && hour < 24
-            && minute < 60
-            && second < 60;
-        if !valid {
-            return None;
-        }
-        let days = days_from_civil(year, month as u32, day as u32);
-        Some(Timestamp(((days * 86_400 + hour * 3600 + minute * 60 + second) * 1000) + millis))
+        let field = |range| number(range).and_then(|value| u32::try_from(value).ok());
+        let date = NaiveDate::from_ymd_opt(i32::try_from(number(0..4)?).ok()?, field(5..7)?, field(8..10)?)?;
+        let time =
+            date.and_hms_milli_opt(field(11..13)?, field(14..16)?, field(17..19)?, u32::try_from(millis).ok()?)?;
+        Some(Timestamp(time.and_utc().timestamp_millis()))
     }
 
     pub fn from_millis(millis: i64) -> Timestamp {
@@ -81,18 +72,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
-}
-
-/// (year, month, day) → days since 1970-01-01 (Howard Hinnant's `days_from_civil`, the inverse of
-/// `civil_from_days`).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year.rem_euclid(400);
-    let month = i64::from(month);
-    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 impl fmt::Display for Timestamp {

@@ -81,8 +81,7 @@ impl SimCard {
         if after_last {
             self.lines.push_back(line);
         } else {
-            let (time, txn_id) = (line.full.time, line.full.txn_id.clone());
-            match self.position(time, &txn_id) {
+            match self.position(line.full.time, &line.full.txn_id) {
                 Ok(slot) => self.lines[slot] = line,
                 Err(slot) => self.lines.insert(slot, line),
             }
@@ -107,10 +106,7 @@ pub enum Answer {
 impl WalletSim {
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
-        let card = match self.cards.get_mut(card_id) {
-            Some(card) => card,
-            None => self.cards.entry(card_id.into()).or_default(),
-        };
+        let card = self.cards.entry(card_id.into()).or_default();
         if let Some(time) = card.time_of.insert(line.txn_id.clone(), line.time) {
             if let Ok(slot) = card.position(time, &line.txn_id) {
                 card.lines.remove(slot);

@@ -38,6 +38,23 @@ fn free(line: &BillLine) -> bool {
     line.used_by.is_none() && line.reserved_by.is_none()
 }
 
+/// The UTRs of a card's live sub-orders, each with its sub-order: a line carrying one is left out of
+/// C2, C3 and P2 for every other sub-order. A card has a few live sub-orders, so a list scanned per
+/// line beats a map of sets (measured: building the map allocated a set per UTR on every check).
+struct UtrOwners(Vec<(Text, usize)>);
+
+impl UtrOwners {
+    fn of(agent: &Agent, card: &Card) -> UtrOwners {
+        let owners =
+            card.live_subs.iter().flat_map(|sub| agent.subs[*sub].utrs.iter().map(move |utr| (utr.clone(), *sub)));
+        UtrOwners(owners.collect())
+    }
+
+    fn owned_by_other(&self, line: &BillLine, sub: usize) -> bool {
+        line.line.utr.as_ref().is_some_and(|utr| self.0.iter().any(|(owned, owner)| owned == utr && *owner != sub))
+    }
+}
+
 enum Decision {
     Collection { sub: usize, txn_id: Text, rule: &'static str, record_utr: Option<Text> },
     Payout { sub: usize, txn_ids: Vec<Text>, rule: &'static str },
@@ -68,17 +85,8 @@ impl Agent {
         if candidates.is_empty() {
             return;
         }
-        // UTRs of the card's open sub-orders: a line carrying one is left out of C2, C3 and P2 for others.
-        // A card has a few live sub-orders, so a list scanned per line beats a map of sets (measured:
-        // building the map allocated a set per UTR on every check).
-        let utr_owners: Vec<(Text, usize)> =
-            live.iter().flat_map(|sub| self.subs[*sub].utrs.iter().map(move |utr| (utr.clone(), *sub))).collect();
-        let owned_by_other = |line: &BillLine, sub: usize| {
-            line.line
-                .utr
-                .as_ref()
-                .is_some_and(|utr| utr_owners.iter().any(|(owned, owner)| owned == utr && *owner != sub))
-        };
+        let utr_owners = UtrOwners::of(self, card);
+        let owned_by_other = |line: &BillLine, sub: usize| utr_owners.owned_by_other(line, sub);
         let collections: Vec<usize> =
             candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
         let payouts: Vec<usize> =
@@ -333,14 +341,8 @@ impl Agent {
     ) -> Option<(Text, Option<Text>)> {
         let card_id = self.subs[sub].card_id.clone();
         let card = self.cards.get(&card_id)?;
-        let mut utr_owner: HashMap<&str, usize> = HashMap::default();
-        for other in card.live_subs.iter().copied().filter(|other| *other != sub) {
-            for utr in &self.subs[other].utrs {
-                utr_owner.insert(utr.as_str(), other);
-            }
-        }
-        let owned_by_other =
-            |line: &BillLine, _sub: usize| line.line.utr.as_deref().is_some_and(|utr| utr_owner.contains_key(utr));
+        let utr_owners = UtrOwners::of(self, card);
+        let owned_by_other = |line: &BillLine, sub: usize| utr_owners.owned_by_other(line, sub);
         let now = context.effects.now;
         let txn_id = self.incoming_of_amount(card, sub, now, &owned_by_other, context, false).into_iter().next()?;
         let line = self.take_line(&card_id, sub, &txn_id)?;
