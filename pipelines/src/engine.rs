@@ -11,7 +11,7 @@ use crate::seen::SeenIds;
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
 use crate::stages::order::OrderStage;
-use crate::stages::{AgentBody, Effects, Message, Timer};
+use crate::stages::{Effects, Message, Timer};
 use crate::time::Timestamp;
 use crate::timers::TimerQueue;
 use crate::wallet_sim::{ProviderTimer, WalletSim};
@@ -198,16 +198,18 @@ impl Engine {
                 let Some(provider) = self.provider.as_ref() else {
                     return;
                 };
-                let result = provider.result(&request, effects.now);
                 // The answer is an ordinary input of the agent stage (SPEC §9).
                 let event_id = crate::joined("provider", ':', &request.request_id);
                 self.provider_answers += 1;
-                if self.seen_event_ids.insert(&event_id) {
-                    self.effects.messages.push_back(Message::Agent {
-                        user_id: request.user_id.clone(),
-                        body: AgentBody::Input { event_id, command: Command::CrawlResult(result) },
-                    });
+                if !self.seen_event_ids.insert(&event_id) {
+                    return;
                 }
+                // It is the first message of this timer's cascade (`run` starts with none queued), so
+                // it is handled at once, as it would be first out of the queue, with the page's lines
+                // read in place in the provider rather than copied into a `crawl_result`.
+                debug_assert!(effects.messages.is_empty());
+                let view = provider.view(&request, effects.now);
+                self.agents.on_provider_answer(&event_id, &request, view, effects);
             }
         }
     }

@@ -19,39 +19,35 @@ pub enum ProviderTimer {
     Answer(Box<CrawlRequested>),
 }
 
-/// One wallet line as the provider keeps it.
+/// One wallet line as the provider keeps it: inline in its card's deque, so that a page reads one
+/// card's latest lines from neighbouring memory (a check asks for a page of up to 50 lines each time).
 #[derive(Clone, Debug)]
 struct SimLine {
     /// When the line was added (`wallet_line.at`): it is visible from then on.
     added_at: Timestamp,
-    /// The line as a detail answer shows it.
-    full: Arc<StatementLine>,
-    /// The line as a list answer shows it (without the payee's IFSC, SPEC §5); the same allocation as
-    /// `full` when there is no IFSC. Kept beside `full` so that a page copies no line.
-    listed: Arc<StatementLine>,
+    /// The line as a list answer shows it: without the payee's IFSC (SPEC §5).
+    listed: StatementLine,
+    /// The payee's IFSC, which only a detail answer shows.
+    payee_ifsc: Option<Text>,
 }
 
 impl SimLine {
-    fn new(line: StatementLine, added_at: Timestamp) -> SimLine {
-        let full = Arc::new(line);
-        let listed = listed(&full);
-        SimLine { added_at, full, listed }
+    fn new(mut line: StatementLine, added_at: Timestamp) -> SimLine {
+        let payee_ifsc = line.payee_ifsc.take();
+        SimLine { added_at, listed: line, payee_ifsc }
     }
 
     fn key(&self) -> (Timestamp, &str) {
-        (self.full.time, self.full.txn_id.as_str())
+        (self.listed.time, self.listed.txn_id.as_str())
     }
 
     fn visible_at(&self, now: Timestamp) -> bool {
-        self.added_at <= now && self.full.time <= now
+        self.added_at <= now && self.listed.time <= now
     }
-}
 
-/// A line without its payee's IFSC (list answers).
-fn listed(full: &Arc<StatementLine>) -> Arc<StatementLine> {
-    match full.payee_ifsc {
-        Some(_) => Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(full) }),
-        None => Arc::clone(full),
+    /// The line as a detail answer shows it, with the payee's IFSC.
+    fn full(&self) -> StatementLine {
+        StatementLine { payee_ifsc: self.payee_ifsc.clone(), ..self.listed.clone() }
     }
 }
 
@@ -81,12 +77,20 @@ impl SimCard {
         if after_last {
             self.lines.push_back(line);
         } else {
-            match self.position(line.full.time, &line.full.txn_id) {
+            match self.position(line.listed.time, &line.listed.txn_id) {
                 Ok(slot) => self.lines[slot] = line,
                 Err(slot) => self.lines.insert(slot, line),
             }
         }
     }
+}
+
+/// An answer whose page lines are borrowed from the provider (see [`WalletSim::view`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum View<'a> {
+    Page { lines: Vec<&'a StatementLine>, next_from: Option<Timestamp> },
+    Detail(StatementLine),
+    Error(CrawlError),
 }
 
 /// One provider's wallets.
@@ -115,7 +119,7 @@ impl WalletSim {
         card.insert(SimLine::new(line, at));
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
             if let Some(oldest) = card.lines.pop_front() {
-                card.time_of.remove(&oldest.full.txn_id);
+                card.time_of.remove(&oldest.listed.txn_id);
             }
         }
         debug_assert_eq!(card.lines.len(), card.time_of.len());
@@ -129,9 +133,7 @@ impl WalletSim {
         let Some(slot) = card.find(txn_id) else {
             return;
         };
-        let line = &mut card.lines[slot];
-        Arc::make_mut(&mut line.full).status = status;
-        line.listed = listed(&line.full);
+        card.lines[slot].listed.status = status;
     }
 
     /// `wallet_fault`: lasts until the card's next fault event.
@@ -141,41 +143,53 @@ impl WalletSim {
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
     pub fn answer(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
+        match self.view(request, now) {
+            View::Page { lines, next_from } => {
+                Answer::Page { lines: lines.into_iter().map(|line| Arc::new(line.clone())).collect(), next_from }
+            }
+            View::Detail(line) => Answer::Detail(Arc::new(line)),
+            View::Error(error) => Answer::Error(error),
+        }
+    }
+
+    /// The answer to `request` at time `now`, its page lines borrowed from the provider: replay reads
+    /// them in place and copies only the lines the agent's bill table does not hold yet.
+    pub fn view(&self, request: &CrawlRequested, now: Timestamp) -> View<'_> {
         let card = self.cards.get(&request.card_id);
         match card.and_then(|card| card.fault) {
-            Some(Fault::SessionExpired) => return Answer::Error(CrawlError::SessionExpired),
-            Some(Fault::UpstreamBusy) => return Answer::Error(CrawlError::UpstreamBusy),
+            Some(Fault::SessionExpired) => return View::Error(CrawlError::SessionExpired),
+            Some(Fault::UpstreamBusy) => return View::Error(CrawlError::UpstreamBusy),
             Some(Fault::DetailUnavailable) if request.mode == CrawlMode::Detail => {
-                return Answer::Error(CrawlError::DetailUnavailable)
+                return View::Error(CrawlError::DetailUnavailable)
             }
             _ => {}
         }
         let Some(card) = card else {
             return match request.mode {
-                CrawlMode::Detail => Answer::Error(CrawlError::DetailUnavailable),
-                _ => Answer::Page { lines: Vec::new(), next_from: None },
+                CrawlMode::Detail => View::Error(CrawlError::DetailUnavailable),
+                _ => View::Page { lines: Vec::new(), next_from: None },
             };
         };
         if request.mode == CrawlMode::Detail {
             let txn_id = request.txn_id.as_deref().unwrap_or_default();
             return match card.find(txn_id).map(|slot| &card.lines[slot]) {
-                Some(line) if line.visible_at(now) => Answer::Detail(line.full.clone()),
-                _ => Answer::Error(CrawlError::DetailUnavailable),
+                Some(line) if line.visible_at(now) => View::Detail(line.full()),
+                _ => View::Error(CrawlError::DetailUnavailable),
             };
         }
         let limit = request.limit.unwrap_or(50) as usize;
         let visible = |line: &&SimLine| line.visible_at(now);
         // List answers do not show the payee's IFSC (only detail answers do, SPEC §5).
-        let lines: Vec<Arc<StatementLine>> = match request.order {
+        let lines: Vec<&StatementLine> = match request.order {
             Some(PageOrder::Asc) => {
                 let from = request.from.unwrap_or_default();
-                let start = card.lines.partition_point(|line| line.full.time < from);
-                card.lines.range(start..).filter(visible).take(limit).map(|line| line.listed.clone()).collect()
+                let start = card.lines.partition_point(|line| line.listed.time < from);
+                card.lines.range(start..).filter(visible).take(limit).map(|line| &line.listed).collect()
             }
-            _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| line.listed.clone()).collect(),
+            _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed).collect(),
         };
         let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
-        Answer::Page { lines, next_from }
+        View::Page { lines, next_from }
     }
 
     /// The `crawl_result` input carrying the answer.

@@ -3,10 +3,11 @@
 
 use super::state::*;
 use super::{AgentTimer, Context};
-use crate::input::{CrawlError, CrawlResult, LineStatus, Provider};
+use crate::input::{CrawlError, CrawlResult, LineStatus, Provider, StatementLine};
 use crate::output::{CrawlMode, CrawlRequested, NotificationKind, OrderKind, OutputBody, PageOrder, Reason, Rejection};
 use crate::time::Timestamp;
 use crate::Text;
+use std::borrow::Cow;
 
 /// Lines per provider page (R-CHK-2).
 pub const PAGE_LIMIT: u32 = 50;
@@ -316,19 +317,32 @@ impl Agent {
     }
 
     pub(crate) fn on_crawl_result(&mut self, result: CrawlResult, context: &mut Context) -> Result<(), Rejection> {
-        let CrawlResult { request_id, card_id, ok, error, lines: raw_lines, next_from, .. } = result;
-        let Some(card) = self.cards.get_mut(&card_id) else {
+        let CrawlResult { request_id, card_id, ok, error, lines, next_from, .. } = result;
+        let header = AnswerHeader { request_id: &request_id, card_id: &card_id, ok, error, next_from };
+        let lines = lines.into_iter().map(|line| Cow::Owned(std::sync::Arc::unwrap_or_clone(line)));
+        self.on_crawl_answer(header, lines, context)
+    }
+
+    /// A `crawl_result`, its lines owned (an input) or borrowed (the simulated provider's, read in place).
+    pub(crate) fn on_crawl_answer<'a>(
+        &mut self,
+        header: AnswerHeader<'_>,
+        lines: impl ExactSizeIterator<Item = Cow<'a, StatementLine>>,
+        context: &mut Context,
+    ) -> Result<(), Rejection> {
+        let AnswerHeader { request_id, card_id, ok, error, next_from } = header;
+        let Some(card) = self.cards.get_mut(card_id) else {
             return Err(Rejection::new(Reason::UnknownCard, format!("card {card_id} is not the user's")));
         };
-        if raw_lines.len() > LINES_PER_RESULT_MAX {
+        if lines.len() > LINES_PER_RESULT_MAX {
             return Err(Rejection::new(Reason::InvalidTransition, format!("more than {LINES_PER_RESULT_MAX} lines")));
         }
         // R-CHK-1: answers with an unknown or already answered request id are ignored.
-        let Some(kind) = card.requests.get(&request_id).map(|request| request.kind.clone()) else { return Ok(()) };
-        let page = Page::new(&card.bill, raw_lines, &kind)?;
-        let Some(request) = card.requests.remove(&request_id) else { return Ok(()) };
+        let Some(kind) = card.requests.get(request_id).map(|request| request.kind.clone()) else { return Ok(()) };
+        let page = Page::new(&card.bill, lines, &kind)?;
+        let Some(request) = card.requests.remove(request_id) else { return Ok(()) };
         let error = if ok { None } else { Some(error.unwrap_or(CrawlError::UpstreamBusy)) };
-        self.on_answer(&card_id, request, error, page, next_from, context);
+        self.on_answer(card_id, request, error, page, next_from, context);
         Ok(())
     }
 
@@ -757,6 +771,15 @@ impl Agent {
     }
 }
 
+/// What a `crawl_result` says besides its lines.
+pub(crate) struct AnswerHeader<'a> {
+    pub request_id: &'a str,
+    pub card_id: &'a str,
+    pub ok: bool,
+    pub error: Option<CrawlError>,
+    pub next_from: Option<Timestamp>,
+}
+
 /// One provider answer, reduced to what the bill table needs: lines it does not know yet or whose
 /// status (or UTR, or IFSC) is new. A provider page repeats the same latest lines at every check, so this
 /// keeps a check's cost proportional to what changed.
@@ -780,15 +803,12 @@ impl Page {
 
     /// Keeps the lines the bill table does not know in this state; a malformed amount among them refuses
     /// the whole answer (R-IN-1). Lines the table already holds unchanged are not parsed again.
-    fn new(
+    fn new<'a>(
         bill: &BillTable,
-        raw: Vec<std::sync::Arc<crate::input::StatementLine>>,
+        mut raw: impl ExactSizeIterator<Item = Cow<'a, StatementLine>>,
         kind: &RequestKind,
     ) -> Result<Page, Rejection> {
-        let owned = |line: std::sync::Arc<crate::input::StatementLine>| {
-            std::sync::Arc::try_unwrap(line).unwrap_or_else(|shared| crate::input::StatementLine::clone(&shared))
-        };
-        let parse = |line: &crate::input::StatementLine| match crate::money::Money::parse(&line.amount) {
+        let parse = |line: &StatementLine| match crate::money::Money::parse(&line.amount) {
             Ok(amount) if !amount.is_negative() && amount <= crate::stages::amount_max() => Ok(amount),
             _ => Err(Rejection::new(
                 Reason::InvalidAmount,
@@ -796,28 +816,35 @@ impl Page {
             )),
         };
         let count = raw.len();
-        let last_time = raw.last().map(|line| line.time);
         if matches!(kind, RequestKind::Detail { .. }) {
-            let detail = match raw.into_iter().next() {
-                Some(line) => Some(Line::from_statement(parse(&line)?, owned(line))),
-                None => None,
-            };
-            return Ok(Page { detail, count, last_time, ..Page::empty() });
+            let Some(line) = raw.next() else { return Ok(Page::empty()) };
+            let last_time = raw.last().map_or(line.time, |last| last.time);
+            let detail = Some(Line::from_statement(parse(&line)?, line.into_owned()));
+            return Ok(Page { detail, count, last_time: Some(last_time), ..Page::empty() });
         }
-        let txn_ids = match kind {
-            RequestKind::Reservoir => raw.iter().map(|line| line.txn_id.clone()).collect(),
-            _ => Vec::new(),
-        };
+        let reservoir = matches!(kind, RequestKind::Reservoir);
+        let mut txn_ids = Vec::new();
         let mut lines = Vec::new();
+        let mut last_time = None;
+        let mut near = None;
         for line in raw {
-            let unchanged = bill.get(&line.txn_id).is_some_and(|known| {
+            last_time = Some(line.time);
+            if reservoir {
+                txn_ids.push(line.txn_id.clone());
+            }
+            // By (time, txn id) first, beside the previous line's slot: a page's lines are the table's
+            // latest, found without a hash lookup; a txn id the provider re-timed is still found by id.
+            let slot = bill.slot_at(near, line.time, &line.txn_id);
+            near = slot.or(near);
+            let known = slot.and_then(|slot| bill.at(slot)).or_else(|| bill.get(&line.txn_id));
+            let unchanged = known.is_some_and(|known| {
                 known.line.status == line.status
                     && !(known.line.utr.is_none() && line.utr.as_deref().is_some_and(|utr| !utr.is_empty()))
                     && line.payee_ifsc.is_none()
             });
             if !unchanged {
                 let amount = parse(&line)?;
-                lines.push(Line::from_statement(amount, owned(line)));
+                lines.push(Line::from_statement(amount, line.into_owned()));
             }
         }
         Ok(Page { lines, count, last_time, txn_ids, detail: None })

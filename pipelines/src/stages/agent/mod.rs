@@ -120,6 +120,38 @@ impl AgentStage {
         }
     }
 
+    /// The simulated provider's answer to `request` as the `crawl_result` input `event_id`, its page
+    /// lines borrowed from the provider (replay): the same handling as that input, without copying the
+    /// lines the bill table already holds.
+    pub fn on_provider_answer(
+        &mut self,
+        event_id: &str,
+        request: &crate::output::CrawlRequested,
+        view: crate::wallet_sim::View<'_>,
+        effects: &mut Effects,
+    ) {
+        let Some(agent) = self.agents.get_mut(&request.user_id) else {
+            let rejection = Rejection::new(Reason::UnknownUser, format!("no user {}", request.user_id));
+            return effects.reject(event_id, "crawl_result", rejection);
+        };
+        let mut context = Context { config: &self.config, effects };
+        let detail;
+        let (ok, error, lines, next_from) = match view {
+            crate::wallet_sim::View::Page { lines, next_from } => (true, None, lines, next_from),
+            crate::wallet_sim::View::Detail(line) => {
+                detail = line;
+                (true, None, vec![&detail], None)
+            }
+            crate::wallet_sim::View::Error(error) => (false, Some(error), Vec::new(), None),
+        };
+        let header =
+            checks::AnswerHeader { request_id: &request.request_id, card_id: &request.card_id, ok, error, next_from };
+        let lines = lines.into_iter().map(std::borrow::Cow::Borrowed);
+        if let Err(rejection) = agent.on_crawl_answer(header, lines, &mut context) {
+            context.effects.reject(event_id, "crawl_result", rejection);
+        }
+    }
+
     pub fn on_timer(&mut self, user_id: &str, timer: AgentTimer, effects: &mut Effects) {
         let Some(agent) = self.agents.get_mut(user_id) else {
             return;
