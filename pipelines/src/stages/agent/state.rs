@@ -216,6 +216,11 @@ impl BillTable {
                 }
             }
         }
+        // A line newer than the newest known one (a new line, the common miss) needs no search.
+        let last = self.lines.back()?;
+        if (last.line.time, last.line.txn_id.as_str()) < (time, txn_id) {
+            return None;
+        }
         self.position(time, txn_id).ok()
     }
 
