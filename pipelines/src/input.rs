@@ -154,7 +154,7 @@ input_structs! {
         #[serde(default)] expires_at: Option<Timestamp> }
     PayoutGrabbed { order_id: Text, user_id: Text, card_id: Text }
     CrawlResult { request_id: Text, user_id: Text, card_id: Text, ok: bool,
-        #[serde(default)] error: Option<CrawlError>, lines: Vec<std::sync::Arc<StatementLine>>,
+        #[serde(default)] error: Option<CrawlError>, lines: Vec<StatementLine>,
         #[serde(default)] next_from: Option<Timestamp> }
     CardReauthenticated { user_id: Text, card_id: Text }
     AdminApprove { order_id: Text, operator: Text, #[serde(default)] amount: Option<Text> }

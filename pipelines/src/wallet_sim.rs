@@ -8,7 +8,6 @@ use crate::time::Timestamp;
 use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
@@ -102,8 +101,8 @@ pub struct WalletSim {
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    Page { lines: Vec<Arc<StatementLine>>, next_from: Option<Timestamp> },
-    Detail(Arc<StatementLine>),
+    Page { lines: Vec<StatementLine>, next_from: Option<Timestamp> },
+    Detail(StatementLine),
     Error(CrawlError),
 }
 
@@ -144,10 +143,8 @@ impl WalletSim {
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
     pub fn answer(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
         match self.view(request, now) {
-            View::Page { lines, next_from } => {
-                Answer::Page { lines: lines.into_iter().map(|line| Arc::new(line.clone())).collect(), next_from }
-            }
-            View::Detail(line) => Answer::Detail(Arc::new(line)),
+            View::Page { lines, next_from } => Answer::Page { lines: lines.into_iter().cloned().collect(), next_from },
+            View::Detail(line) => Answer::Detail(line),
             View::Error(error) => Answer::Error(error),
         }
     }
@@ -261,14 +258,13 @@ mod tests {
                 .collect();
             if request.mode == CrawlMode::Detail {
                 return match visible.iter().find(|line| Some(&line.txn_id) == request.txn_id.as_ref()) {
-                    Some(line) => Answer::Detail(Arc::new(StatementLine::clone(line))),
+                    Some(line) => Answer::Detail(StatementLine::clone(line)),
                     None => Answer::Error(CrawlError::DetailUnavailable),
                 };
             }
             let limit = request.limit.unwrap_or(50) as usize;
-            let strip =
-                |line: &&StatementLine| Arc::new(StatementLine { payee_ifsc: None, ..StatementLine::clone(line) });
-            let page: Vec<Arc<StatementLine>> = match request.order {
+            let strip = |line: &&StatementLine| StatementLine { payee_ifsc: None, ..StatementLine::clone(line) };
+            let page: Vec<StatementLine> = match request.order {
                 Some(PageOrder::Asc) => {
                     let from = request.from.unwrap_or_default();
                     visible.iter().filter(|line| line.time >= from).take(limit).map(strip).collect()

@@ -21,7 +21,6 @@ use pipelines::partition::{destination, route_input, RecordBody, RecordId, Route
 use pipelines::stages::{AgentBody, DispatchRequest, MerchantBody, Message, OrderBody, SubOrderCommand, SubOutcome};
 use pipelines::time::Timestamp;
 use pipelines::Input;
-use std::sync::Arc;
 
 /// A Rust type carried as the root record of one embedded schema.
 pub trait AvroRecord: Sized {
@@ -170,7 +169,7 @@ fn line_from(value: Value) -> Result<StatementLine> {
 }
 
 pub(crate) fn crawl_result_to(c: &input::CrawlResult) -> Result<Value> {
-    let lines = c.lines.iter().map(|line| line_to(line)).collect::<Result<Vec<_>>>()?;
+    let lines = c.lines.iter().map(line_to).collect::<Result<Vec<_>>>()?;
     Ok(record(vec![
         ("request_id", string(&c.request_id)),
         ("user_id", string(&c.user_id)),
@@ -190,7 +189,7 @@ pub(crate) fn crawl_result_from(value: Value) -> Result<input::CrawlResult> {
         card_id: f.string("card_id")?,
         ok: f.boolean("ok")?,
         error: f.optional_enumeration("error")?,
-        lines: f.array("lines")?.into_iter().map(|line| line_from(line).map(Arc::new)).collect::<Result<_>>()?,
+        lines: f.array("lines")?.into_iter().map(line_from).collect::<Result<_>>()?,
         next_from: f.optional_timestamp("next_from")?,
     })
 }

@@ -8,7 +8,6 @@ use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
 use pipelines::Timestamp;
 use reqwest::StatusCode;
 use serde::Deserialize;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -66,13 +65,13 @@ impl Call {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PageBody {
-    transactions: Vec<Arc<StatementLine>>,
+    transactions: Vec<StatementLine>,
     #[serde(default)]
     next_from: Option<Timestamp>,
 }
 
 /// What a successful call yields: the lines and, for lists, where the next page starts.
-type Answer = (Vec<Arc<StatementLine>>, Option<Timestamp>);
+type Answer = (Vec<StatementLine>, Option<Timestamp>);
 
 /// A planned call: its kind, its URL and the most lines its answer may carry.
 struct Plan {
@@ -240,7 +239,7 @@ fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
     if line.txn_id != txn_id {
         return Err(format!("the detail of {:?} where {txn_id:?} was asked for", line.txn_id));
     }
-    Ok((vec![Arc::new(line)], None))
+    Ok((vec![line], None))
 }
 
 fn provider_slot(provider: Provider) -> usize {

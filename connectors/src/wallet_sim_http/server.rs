@@ -281,7 +281,7 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
 /// The statement page of SPEC §10.
 #[derive(Serialize)]
 struct PageBody<'a> {
-    transactions: &'a [Arc<pipelines::input::StatementLine>],
+    transactions: &'a [pipelines::input::StatementLine],
     next_from: Option<Timestamp>,
 }
 
@@ -353,7 +353,7 @@ async fn answer(state: &WalletSimState, request: CrawlRequested) -> Response {
     let answer = lock(&state.inner.wallets).sim.answer(&request, now);
     match answer {
         Answer::Page { lines, next_from } => Json(PageBody { transactions: &lines, next_from }).into_response(),
-        Answer::Detail(line) => Json(line.as_ref()).into_response(),
+        Answer::Detail(line) => Json(line).into_response(),
         Answer::Error(error) => ApiError::crawl(error).into_response(),
     }
 }

@@ -319,7 +319,7 @@ impl Agent {
     pub(crate) fn on_crawl_result(&mut self, result: CrawlResult, context: &mut Context) -> Result<(), Rejection> {
         let CrawlResult { request_id, card_id, ok, error, lines, next_from, .. } = result;
         let header = AnswerHeader { request_id: &request_id, card_id: &card_id, ok, error, next_from };
-        let lines = lines.into_iter().map(|line| Cow::Owned(std::sync::Arc::unwrap_or_clone(line)));
+        let lines = lines.into_iter().map(Cow::Owned);
         self.on_crawl_answer(header, lines, context)
     }
 
