@@ -850,3 +850,96 @@ impl Page {
         Ok(Page { lines, count, last_time, txn_ids, detail: None })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A page check against the definition it optimises: a page line is kept unless the bill table holds
+    //! its txn id with the same status and nothing new (UTR, IFSC), whichever way the lines arrive
+    //! (borrowed from the simulated provider or owned by a `crawl_result`) and whatever their order.
+
+    use super::*;
+    use crate::input::{Counterparty, Direction};
+    use crate::money::Money;
+    use proptest::prelude::*;
+
+    fn seconds(value: i64) -> Timestamp {
+        Timestamp::from_millis(1_700_000_000_000 + value * 1000)
+    }
+
+    fn statement_line(txn: u8, time: i64, status: LineStatus, utr: Option<&str>, ifsc: bool) -> StatementLine {
+        StatementLine {
+            txn_id: format!("t{txn}").into(),
+            utr: utr.map(Text::from),
+            utr_supported: true,
+            direction: Direction::In,
+            amount: "1.00".into(),
+            status,
+            time: seconds(time),
+            counterparty: Counterparty::default(),
+            payee_ifsc: ifsc.then(|| "IFSC0001".into()),
+        }
+    }
+
+    fn status(code: u8) -> LineStatus {
+        [LineStatus::Success, LineStatus::Processing, LineStatus::Failed, LineStatus::Errored][usize::from(code % 4)]
+    }
+
+    /// The definition: by txn id alone.
+    fn kept_by_definition(bill: &BillTable, line: &StatementLine) -> bool {
+        !bill.get(&line.txn_id).is_some_and(|known| {
+            known.line.status == line.status
+                && !(known.line.utr.is_none() && line.utr.as_deref().is_some_and(|utr| !utr.is_empty()))
+                && line.payee_ifsc.is_none()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn a_page_keeps_exactly_the_new_and_changed_lines(
+            known in proptest::collection::btree_map(0u8..60, (0i64..40, 0u8..4, any::<bool>()), 0..40),
+            page in proptest::collection::vec((0u8..70, 0i64..45, 0u8..4, 0u8..3, any::<bool>()), 0..50),
+            descending in any::<bool>(),
+        ) {
+            let mut bill = BillTable::default();
+            for (txn, (time, code, with_utr)) in &known {
+                let line = statement_line(*txn, *time, status(*code), with_utr.then_some("U1"), false);
+                bill.insert(Line::from_statement(Money::from_rupees(1), line));
+            }
+            // A page: known lines (some re-timed, some changed), new lines; each txn id once.
+            let mut seen = std::collections::BTreeSet::new();
+            let mut raw: Vec<StatementLine> = page
+                .into_iter()
+                .filter(|(txn, ..)| seen.insert(*txn))
+                .map(|(txn, time, code, utr, ifsc)| {
+                    let time = match known.get(&txn) {
+                        Some((known_time, ..)) if time % 5 != 0 => *known_time,
+                        _ => time,
+                    };
+                    let utr = [None, Some(""), Some("U2")][usize::from(utr)];
+                    statement_line(txn, time, status(code), utr, ifsc && code == 0)
+                })
+                .collect();
+            raw.sort_by(|a, b| (a.time, &a.txn_id).cmp(&(b.time, &b.txn_id)));
+            if descending {
+                raw.reverse();
+            }
+            let expected: Vec<&StatementLine> = raw.iter().filter(|line| kept_by_definition(&bill, line)).collect();
+            for kind in [RequestKind::OrderCheck, RequestKind::Reservoir] {
+                let borrowed = Page::new(&bill, raw.iter().map(Cow::Borrowed), &kind).map_err(|r| TestCaseError::fail(format!("{r:?}")))?;
+                let owned = Page::new(&bill, raw.clone().into_iter().map(Cow::Owned), &kind).map_err(|r| TestCaseError::fail(format!("{r:?}")))?;
+                let kept: Vec<&Text> = borrowed.lines.iter().map(|line| &line.txn_id).collect();
+                prop_assert_eq!(kept, expected.iter().map(|line| &line.txn_id).collect::<Vec<_>>());
+                prop_assert_eq!(&borrowed.lines, &owned.lines);
+                prop_assert_eq!(borrowed.count, raw.len());
+                prop_assert_eq!((borrowed.count, borrowed.last_time), (owned.count, owned.last_time));
+                prop_assert_eq!(borrowed.last_time, raw.last().map(|line| line.time));
+                let txn_ids: Vec<Text> = match kind {
+                    RequestKind::Reservoir => raw.iter().map(|line| line.txn_id.clone()).collect(),
+                    _ => Vec::new(),
+                };
+                prop_assert_eq!(&borrowed.txn_ids, &txn_ids);
+                prop_assert_eq!(&owned.txn_ids, &txn_ids);
+            }
+        }
+    }
+}
