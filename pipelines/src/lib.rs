@@ -21,6 +21,7 @@ pub mod seen;
 pub mod snapshot;
 pub mod stages;
 pub mod time;
+pub mod time_ordered;
 pub mod timers;
 pub mod wallet_sim;
 pub mod workload;

@@ -5,9 +5,9 @@
 use crate::input::{CrawlError, CrawlResult, Fault, LineStatus, StatementLine};
 use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
+use crate::time_ordered::{TimeKeyed, TimeOrdered};
 use crate::Text;
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::VecDeque;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
@@ -36,10 +36,6 @@ impl SimLine {
         SimLine { added_at, listed: line, payee_ifsc }
     }
 
-    fn key(&self) -> (Timestamp, &str) {
-        (self.listed.time, self.listed.txn_id.as_str())
-    }
-
     fn visible_at(&self, now: Timestamp) -> bool {
         self.added_at <= now && self.listed.time <= now
     }
@@ -50,38 +46,21 @@ impl SimLine {
     }
 }
 
-#[derive(Clone, Debug, Default)]
-struct SimCard {
-    /// Lines ordered by (time, txn id). A statement mostly grows at its end, so a new line is usually
-    /// appended; the oldest line leaves from the front beyond the cap.
-    lines: VecDeque<SimLine>,
-    /// The time of each txn id's line, to find it in `lines` by binary search.
-    time_of: HashMap<Text, Timestamp>,
-    fault: Option<Fault>,
+impl TimeKeyed for SimLine {
+    fn time(&self) -> Timestamp {
+        self.listed.time
+    }
+
+    fn txn_id(&self) -> &Text {
+        &self.listed.txn_id
+    }
 }
 
-impl SimCard {
-    /// Where the line keyed (`time`, `txn_id`) is, or would be inserted.
-    fn position(&self, time: Timestamp, txn_id: &str) -> Result<usize, usize> {
-        self.lines.binary_search_by(|line| line.key().cmp(&(time, txn_id)))
-    }
-
-    fn find(&self, txn_id: &str) -> Option<usize> {
-        let time = *self.time_of.get(txn_id)?;
-        self.position(time, txn_id).ok()
-    }
-
-    fn insert(&mut self, line: SimLine) {
-        let after_last = self.lines.back().is_none_or(|last| last.key() < line.key());
-        if after_last {
-            self.lines.push_back(line);
-        } else {
-            match self.position(line.listed.time, &line.listed.txn_id) {
-                Ok(slot) => self.lines[slot] = line,
-                Err(slot) => self.lines.insert(slot, line),
-            }
-        }
-    }
+#[derive(Clone, Debug, Default)]
+struct SimCard {
+    /// Lines ordered by (time, txn id), one per txn id; the oldest leave from the front beyond the cap.
+    lines: TimeOrdered<SimLine>,
+    fault: Option<Fault>,
 }
 
 /// An answer whose page lines are borrowed from the provider (see [`WalletSim::view`]).
@@ -110,18 +89,10 @@ impl WalletSim {
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
         let card = self.cards.entry(card_id.into()).or_default();
-        if let Some(time) = card.time_of.insert(line.txn_id.clone(), line.time) {
-            if let Ok(slot) = card.position(time, &line.txn_id) {
-                card.lines.remove(slot);
-            }
-        }
-        card.insert(SimLine::new(line, at));
+        card.lines.insert(SimLine::new(line, at));
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
-            if let Some(oldest) = card.lines.pop_front() {
-                card.time_of.remove(&oldest.listed.txn_id);
-            }
+            card.lines.pop_front();
         }
-        debug_assert_eq!(card.lines.len(), card.time_of.len());
     }
 
     /// `wallet_line_status`: ignored for an unknown transaction (SPEC §7 edge decisions).
@@ -129,10 +100,9 @@ impl WalletSim {
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
-        let Some(slot) = card.find(txn_id) else {
-            return;
-        };
-        card.lines[slot].listed.status = status;
+        if let Some(line) = card.lines.slot_of(txn_id).and_then(|slot| card.lines.get_mut(slot)) {
+            line.listed.status = status;
+        }
     }
 
     /// `wallet_fault`: lasts until the card's next fault event.
@@ -169,7 +139,7 @@ impl WalletSim {
         };
         if request.mode == CrawlMode::Detail {
             let txn_id = request.txn_id.as_deref().unwrap_or_default();
-            return match card.find(txn_id).map(|slot| &card.lines[slot]) {
+            return match card.lines.slot_of(txn_id).and_then(|slot| card.lines.get(slot)) {
                 Some(line) if line.visible_at(now) => View::Detail(line.full()),
                 _ => View::Error(CrawlError::DetailUnavailable),
             };
@@ -181,7 +151,7 @@ impl WalletSim {
             Some(PageOrder::Asc) => {
                 let from = request.from.unwrap_or_default();
                 let start = card.lines.partition_point(|line| line.listed.time < from);
-                card.lines.range(start..).filter(visible).take(limit).map(|line| &line.listed).collect()
+                card.lines.range_from(start).filter(visible).take(limit).map(|line| &line.listed).collect()
             }
             _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed).collect(),
         };
