@@ -169,8 +169,9 @@ input_structs! {
     WalletFault { card_id: Text, fault: Fault }
 }
 
-/// Every input type of SPEC §5 except `config`, which only a scenario's first line may carry.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+/// Every input type of SPEC §5 except `config`, which only a scenario's first line may carry. Read
+/// with [`crate::decode`] (the tag first: no buffering).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
     MerchantRegistered(MerchantRegistered),
@@ -200,6 +201,35 @@ pub enum Command {
     WalletLineStatus(WalletLineStatus),
     WalletFault(WalletFault),
 }
+
+crate::tagged_newtype_enum!(Command, "type", {
+    "merchant_registered" => MerchantRegistered,
+    "merchant_deposit" => MerchantDeposit,
+    "user_registered" => UserRegistered,
+    "card_bound" => CardBound,
+    "user_recharge" => UserRecharge,
+    "user_adjustment" => UserAdjustment,
+    "collection_created" => CollectionCreated,
+    "collection_dispatched" => CollectionDispatched,
+    "payment_confirmed" => PaymentConfirmed,
+    "order_cancelled" => OrderCancelled,
+    "supplement_requested" => SupplementRequested,
+    "collection_retry" => CollectionRetry,
+    "payout_created" => PayoutCreated,
+    "payout_grabbed" => PayoutGrabbed,
+    "crawl_result" => CrawlResult,
+    "card_reauthenticated" => CardReauthenticated,
+    "admin_approve" => AdminApprove,
+    "admin_reject" => AdminReject,
+    "admin_crawl_retry" => AdminCrawlRetry,
+    "admin_correct_cancel" => AdminCorrectCancel,
+    "admin_cancel_payout" => AdminCancelPayout,
+    "admin_unban" => AdminUnban,
+    "tick" => Tick,
+    "wallet_line" => WalletLine,
+    "wallet_line_status" => WalletLineStatus,
+    "wallet_fault" => WalletFault,
+});
 
 impl Command {
     /// The input's `type`, as `command_rejected.input_type` names it.
@@ -273,12 +303,13 @@ pub type StaticName = &'static str;
 
 /// Deserializes an input type name into its `&'static str` (for messages and outputs read from logs).
 pub fn deserialize_type_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
-    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-    INPUT_TYPE_NAMES
-        .iter()
-        .find(|known| **known == name)
-        .copied()
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown input type `{name}`")))
+    crate::decode::parse_str(deserializer, |name| {
+        INPUT_TYPE_NAMES
+            .iter()
+            .find(|known| **known == name)
+            .copied()
+            .ok_or_else(|| format!("unknown input type `{name}`"))
+    })
 }
 
 /// One input with its envelope.

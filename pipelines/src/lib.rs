@@ -9,6 +9,7 @@
 //! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9).
 
 pub mod config;
+pub mod decode;
 pub mod document;
 pub mod engine;
 pub mod input;
@@ -20,6 +21,7 @@ pub mod replay;
 pub mod seen;
 pub mod snapshot;
 pub mod stages;
+
 pub mod time;
 pub mod time_ordered;
 pub mod timers;

@@ -260,16 +260,14 @@ impl Serialize for Money {
 /// Money travels between stages (through the logs) as the string it serializes to.
 impl<'de> serde::Deserialize<'de> for Money {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Money, D::Error> {
-        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-        Money::parse(&text).map_err(serde::de::Error::custom)
+        crate::decode::parse_str(deserializer, |text| Money::parse(text).map_err(|error| error.to_string()))
     }
 }
 
 /// A rate reads back (from a partition snapshot) from the string it serializes to.
 impl<'de> serde::Deserialize<'de> for Rate {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Rate, D::Error> {
-        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-        Rate::parse(&text).map_err(serde::de::Error::custom)
+        crate::decode::parse_str(deserializer, |text| Rate::parse(text).map_err(|error| error.to_string()))
     }
 }
 

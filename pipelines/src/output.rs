@@ -105,12 +105,13 @@ pub enum OutputBody {
 pub const TELEGRAM: &str = "telegram";
 
 fn deserialize_channel<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
-    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-    if name == TELEGRAM {
-        Ok(TELEGRAM)
-    } else {
-        Err(serde::de::Error::custom(format!("unknown notification channel `{name}`")))
-    }
+    crate::decode::parse_str(deserializer, |name| {
+        if name == TELEGRAM {
+            Ok(TELEGRAM)
+        } else {
+            Err(format!("unknown notification channel `{name}`"))
+        }
+    })
 }
 
 /// One output, stamped with the event time of what caused it.

@@ -158,8 +158,9 @@ pub struct StageRecord {
 }
 
 /// Nearly every record is a message; boxing it to shrink the tick would cost an allocation each.
+/// Read with [`crate::decode`]: the tag first, no buffering of the message.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RecordBody {
     Message {
@@ -167,6 +168,33 @@ pub enum RecordBody {
     },
     /// Advances the clock: every timer due at or before `at` fires.
     Tick,
+}
+
+impl crate::decode::Tagged for RecordBody {
+    const TAG: &'static str = "kind";
+    const VARIANTS: &'static [&'static str] = &["message", "tick"];
+
+    fn variant<'de, D: serde::Deserializer<'de>>(index: usize, fields: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct MessageFields {
+            message: Message,
+        }
+        #[derive(Deserialize)]
+        struct TickFields {}
+        if index == 0 {
+            let MessageFields { message } = MessageFields::deserialize(fields)?;
+            Ok(RecordBody::Message { message })
+        } else {
+            TickFields::deserialize(fields)?;
+            Ok(RecordBody::Tick)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordBody {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        crate::decode::deserialize(deserializer)
+    }
 }
 
 /// What applying records produced: messages for other partitions (with their event time) and outputs.

@@ -127,9 +127,10 @@ impl Serialize for Timestamp {
 
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // Borrowed from the input when it can be (JSON without escapes): no allocation per time.
-        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-        Timestamp::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 time")))
+        // Parsed in place: no allocation per time.
+        crate::decode::parse_str(deserializer, |text| {
+            Timestamp::parse(text).ok_or_else(|| format!("`{text}` is not an RFC 3339 time"))
+        })
     }
 }
 

@@ -590,12 +590,9 @@ fn known_name<'de, D: serde::Deserializer<'de>>(
     names: &'static [&'static str],
     what: &str,
 ) -> Result<&'static str, D::Error> {
-    let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
-    names
-        .iter()
-        .find(|known| **known == name)
-        .copied()
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown {what} `{name}`")))
+    crate::decode::parse_str(deserializer, |name| {
+        names.iter().find(|known| **known == name).copied().ok_or_else(|| format!("unknown {what} `{name}`"))
+    })
 }
 
 /// Deserializes a rule id into its `&'static str` from [`RULE_IDS`].

@@ -1,0 +1,70 @@
+//! How fast the stage records of the embedded runtime's logs read back (JSON, `serde_json`).
+//!
+//! Runs a generated workload (`AGENTS ROUNDS`, default 500 × 4) through one partition of each stage,
+//! keeping every record a partition consumes (inputs and the messages between stages) as the runtime
+//! encodes it, then times decoding them all, and decoding a `crawl_result` record with a 28-line page
+//! (the typical page of the benchmarks). `cargo run --release -p pipelines --example record_decoding`.
+
+use pipelines::partition::{destination, route_input, Produced, RecordBody, RecordId, Routed, StageKind};
+use pipelines::partition::{StagePartition, StageRecord};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+const LINE: &str = r#"{"txn_id":"T000123456","utr":"412345678901","utr_supported":true,"direction":"in","amount":"1234.00","status":"success","time":"2026-03-02T10:11:12Z","counterparty":{"name":"Some Payer","vpa":"payer@ybl","account_last4":"1234"}}"#;
+
+fn argument(index: usize, default: usize) -> usize {
+    std::env::args().nth(index).and_then(|argument| argument.parse().ok()).unwrap_or(default)
+}
+
+/// Every record the stage partitions consume for the workload, encoded.
+fn records(agents: usize, rounds: usize) -> Vec<Vec<u8>> {
+    let config = pipelines::Config::default();
+    let mut partitions: Vec<StagePartition> =
+        StageKind::ALL.iter().map(|kind| StagePartition::new(*kind, 0, 1, config.clone())).collect();
+    let slot = |kind: StageKind| StageKind::ALL.iter().position(|known| *known == kind).expect("a stage");
+    let mut encoded = Vec::new();
+    for (position, input) in pipelines::workload::workload(agents, rounds).into_iter().enumerate() {
+        let at = input.at;
+        let Routed::Message(message) = route_input(input) else { continue };
+        let id = |source: &str, index: u32| RecordId { source: source.into(), offset: position as u64, index };
+        let mut queue =
+            VecDeque::from([StageRecord { id: id("ingest", 0), at, body: RecordBody::Message { message } }]);
+        let mut index = 0;
+        while let Some(record) = queue.pop_front() {
+            encoded.push(serde_json::to_vec(&record).expect("encodes"));
+            let RecordBody::Message { message } = &record.body else { continue };
+            let kind = destination(message).0;
+            let mut produced = Produced::default();
+            partitions[slot(kind)].apply(record, &mut produced);
+            for (at, message) in produced.messages.drain(..) {
+                index += 1;
+                queue.push_back(StageRecord { id: id(kind.name(), index), at, body: RecordBody::Message { message } });
+            }
+        }
+    }
+    encoded
+}
+
+fn main() {
+    let (agents, rounds) = (argument(1, 500), argument(2, 4));
+    let records = records(agents, rounds);
+    let bytes: usize = records.iter().map(Vec::len).sum();
+    println!("{agents} agents × {rounds} rounds: {} stage records, {bytes} bytes", records.len());
+    let lines = vec![LINE; 28].join(",");
+    let crawl = format!(
+        r#"{{"id":{{"source":"outputs","offset":5,"index":0}},"at":"2026-03-02T10:11:12Z","body":{{"kind":"message","message":{{"Agent":{{"user_id":"u1","body":{{"Input":{{"event_id":"crawl:r1","command":{{"type":"crawl_result","request_id":"r1","user_id":"u1","card_id":"c1","ok":true,"error":null,"lines":[{lines}],"next_from":null}}}}}}}}}}}}}}"#
+    );
+    for _ in 0..3 {
+        let started = Instant::now();
+        let decoded = records.iter().filter(|record| serde_json::from_slice::<StageRecord>(record).is_ok()).count();
+        let per_record = started.elapsed().as_secs_f64() * 1e6 / decoded as f64;
+        assert_eq!(decoded, records.len(), "every record reads back");
+        let started = Instant::now();
+        let pages = 2_000;
+        for _ in 0..pages {
+            std::hint::black_box(serde_json::from_str::<StageRecord>(&crawl).expect("reads back"));
+        }
+        let per_page = started.elapsed().as_secs_f64() * 1e6 / pages as f64;
+        println!("{per_record:.2} µs per stage record; {per_page:.1} µs per crawl_result record of 28 lines");
+    }
+}

@@ -1,0 +1,297 @@
+//! Reading records without needless copies: internally tagged enums (`{"type": "…", …fields}`) without
+//! buffering them first, and strings parsed in place.
+//!
+//! serde's derived `Deserialize` for an internally tagged enum cannot know where the tag is, so it
+//! copies every entry into its own in-memory tree (`Content`) before looking for it, and reads the
+//! variant from that copy; a tagged enum inside another one is copied again. For a log record holding a
+//! statement page that was half the time of reading it. Everything this system writes has the tag
+//! first (serde's derived `Serialize` writes it first), so here the first key is checked: if it is the
+//! tag, the variant is known at once and the remaining entries go straight to the variant's own
+//! `Deserialize`. Input written by others may put the tag anywhere: then the entries are collected as
+//! JSON values and the variant is read from them, with the same errors (unknown fields, missing
+//! fields, unknown variants).
+
+use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, Visitor};
+use serde_json::{Map, Value};
+use std::fmt;
+use std::marker::PhantomData;
+
+/// An enum whose variants are read from a map holding the tag `TAG` beside the variant's fields.
+pub trait Tagged: Sized {
+    /// The tag's key (`type`).
+    const TAG: &'static str;
+    /// The variants' tag values, by index.
+    const VARIANTS: &'static [&'static str];
+    /// Reads variant `index` of [`Tagged::VARIANTS`] from the rest of the map (the tag taken out).
+    fn variant<'de, D: Deserializer<'de>>(index: usize, fields: D) -> Result<Self, D::Error>;
+}
+
+/// Reads `T` from a map: without buffering when the tag is the first key.
+pub fn deserialize<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
+    deserializer.deserialize_map(TaggedVisitor::<T>(PhantomData))
+}
+
+/// Reads `T` from the rest of a map whose first key (already read) was `first_key`: what a struct
+/// holding the enum's fields beside its own (serde's `flatten`) hands on once its own keys are read.
+pub fn deserialize_rest<'de, T: Tagged, A: MapAccess<'de>>(first_key: Key, map: A) -> Result<T, A::Error> {
+    match first_key {
+        Key::Tag => {
+            let mut map = map;
+            let index = map.next_value_seed(VariantSeed(T::VARIANTS))?;
+            T::variant(index, serde::de::value::MapAccessDeserializer::new(map))
+        }
+        Key::Other(key) => {
+            let mut map = map;
+            let value: Value = map.next_value()?;
+            let mut object = Map::new();
+            object.insert(key, value);
+            collect_rest(&mut object, map)?;
+            from_object::<T, A::Error>(object)
+        }
+    }
+}
+
+/// Reads `T` from entries already collected as JSON values (the tag anywhere among them).
+pub fn from_object<T: Tagged, E: Error>(mut object: Map<String, Value>) -> Result<T, E> {
+    let index = match object.remove(T::TAG) {
+        Some(Value::String(name)) => variant_index(&name, T::VARIANTS)?,
+        Some(other) => return Err(E::custom(format!("`{}` must be a string, not {other}", T::TAG))),
+        None => return Err(E::missing_field(T::TAG)),
+    };
+    T::variant(index, Value::Object(object)).map_err(E::custom)
+}
+
+/// Adds the remaining entries of `map` to `object` (a key given twice is refused, as serde_json does
+/// for the structs it reads).
+pub fn collect_rest<'de, A: MapAccess<'de>>(object: &mut Map<String, Value>, mut map: A) -> Result<(), A::Error> {
+    while let Some(key) = map.next_key::<String>()? {
+        let value: Value = map.next_value()?;
+        if object.contains_key(&key) {
+            return Err(A::Error::custom(format!("duplicate field `{key}`")));
+        }
+        object.insert(key, value);
+    }
+    Ok(())
+}
+
+fn variant_index<E: Error>(name: &str, variants: &'static [&'static str]) -> Result<usize, E> {
+    variants.iter().position(|variant| *variant == name).ok_or_else(|| E::unknown_variant(name, variants))
+}
+
+/// A key of a tagged map: the tag, or another key (kept, for the slow path).
+pub enum Key {
+    Tag,
+    Other(String),
+}
+
+/// Reads a key, telling the tag from the others without allocating for the tag.
+pub struct KeySeed(pub &'static str);
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Key;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeySeed {
+    type Value = Key;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a field name")
+    }
+
+    fn visit_str<E: Error>(self, key: &str) -> Result<Key, E> {
+        Ok(if key == self.0 { Key::Tag } else { Key::Other(key.to_string()) })
+    }
+
+    fn visit_string<E: Error>(self, key: String) -> Result<Key, E> {
+        Ok(if key == self.0 { Key::Tag } else { Key::Other(key) })
+    }
+}
+
+/// Reads a tag value as the index of its variant, without allocating.
+struct VariantSeed(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for VariantSeed {
+    type Value = usize;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for VariantSeed {
+    type Value = usize;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a variant name")
+    }
+
+    fn visit_str<E: Error>(self, name: &str) -> Result<usize, E> {
+        variant_index(name, self.0)
+    }
+}
+
+struct TaggedVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Tagged> Visitor<'de> for TaggedVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        write!(formatter, "an object with `{}`", T::TAG)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        match map.next_key_seed(KeySeed(T::TAG))? {
+            Some(first_key) => deserialize_rest(first_key, map),
+            None => Err(A::Error::missing_field(T::TAG)),
+        }
+    }
+}
+
+/// Implements [`Tagged`] and `Deserialize` for an enum whose variants each hold one struct.
+#[macro_export]
+macro_rules! tagged_newtype_enum {
+    ($enum:ident, $tag:literal, { $( $name:literal => $variant:ident ),* $(,)? }) => {
+        impl $crate::decode::Tagged for $enum {
+            const TAG: &'static str = $tag;
+            const VARIANTS: &'static [&'static str] = &[$( $name ),*];
+            fn variant<'de, D: serde::Deserializer<'de>>(index: usize, fields: D) -> Result<Self, D::Error> {
+                match Self::VARIANTS.get(index).copied() {
+                    $( Some($name) => Ok($enum::$variant(serde::Deserialize::deserialize(fields)?)), )*
+                    _ => Err(<D::Error as serde::de::Error>::custom(format!("no variant {index}"))),
+                }
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $enum {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                $crate::decode::deserialize(deserializer)
+            }
+        }
+    };
+}
+
+/// Reads a string and parses it in place (serde's `Cow<str>` always allocates an owned copy).
+pub fn parse_str<'de, D: Deserializer<'de>, T>(
+    deserializer: D,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    struct StrVisitor<F>(F);
+    impl<T, F: FnOnce(&str) -> Result<T, String>> Visitor<'_> for StrVisitor<F> {
+        type Value = T;
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            formatter.write_str("a string")
+        }
+        fn visit_str<E: Error>(self, text: &str) -> Result<T, E> {
+            (self.0)(text).map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_str(StrVisitor(parse))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::input::Command;
+    use crate::partition::{RecordBody, StageRecord};
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    /// Every command type the generated workload holds, as it serializes (tag first).
+    fn commands() -> Vec<Command> {
+        let mut seen = std::collections::BTreeSet::new();
+        let inputs = crate::workload::workload(40, 2);
+        inputs.into_iter().map(|input| input.command).filter(|command| seen.insert(command.type_name())).collect()
+    }
+
+    /// `value`'s object keys in the order `order` picks (a permutation seed per object).
+    fn reorder(value: &Value, seed: &mut u64) -> Value {
+        match value {
+            Value::Object(object) => {
+                let mut entries: Vec<(&String, &Value)> = object.iter().collect();
+                for index in (1..entries.len()).rev() {
+                    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    entries.swap(index, (*seed >> 33) as usize % (index + 1));
+                }
+                let reordered: Map<String, Value> =
+                    entries.into_iter().map(|(key, value)| (key.clone(), reorder(value, seed))).collect();
+                Value::Object(reordered)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(|item| reorder(item, seed)).collect()),
+            other => other.clone(),
+        }
+    }
+
+    #[test]
+    fn the_workload_has_many_command_types() {
+        assert!(commands().len() >= 8, "{:?}", commands().iter().map(Command::type_name).collect::<Vec<_>>());
+    }
+
+    proptest! {
+        /// The tag first (fast path) or anywhere (collected first): the same command, from text or from a
+        /// JSON value.
+        #[test]
+        fn a_command_reads_the_same_whatever_its_key_order(seed in any::<u64>()) {
+            for command in commands() {
+                let value = serde_json::to_value(&command).expect("serializes");
+                let reordered = reorder(&value, &mut seed.clone());
+                let text = serde_json::to_string(&reordered).expect("serializes");
+                let from_text: Command = serde_json::from_str(&text).expect("reads back");
+                prop_assert_eq!(&from_text, &command, "{}", text);
+                let from_value: Command = serde_json::from_value(reordered).expect("reads back");
+                prop_assert_eq!(&from_value, &command);
+            }
+        }
+    }
+
+    fn error_of(text: &str) -> String {
+        serde_json::from_str::<Command>(text).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn errors_name_the_problem_in_either_order() {
+        for (text, expected) in [
+            (r#"{"type":"nope","order_id":"o1"}"#, "unknown variant `nope`"),
+            (r#"{"order_id":"o1","type":"nope"}"#, "unknown variant `nope`"),
+            (r#"{"order_id":"o1"}"#, "missing field `type`"),
+            (r#"{}"#, "missing field `type`"),
+            (r#"{"type":"collection_retry","order_id":"o1","extra":1}"#, "unknown field `extra`"),
+            (r#"{"extra":1,"type":"collection_retry","order_id":"o1"}"#, "unknown field `extra`"),
+            (r#"{"type":"collection_retry"}"#, "missing field `order_id`"),
+            (r#"{"order_id":"o1","order_id":"o2","type":"collection_retry"}"#, "duplicate field `order_id`"),
+            (r#"{"order_id":"o1","type":7}"#, "`type` must be a string"),
+            (r#"{"type":7,"order_id":"o1"}"#, "invalid type: integer `7`"),
+        ] {
+            let error = error_of(text);
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_record_body_reads_back_in_either_order() {
+        let tick: StageRecord = serde_json::from_str(
+            r#"{"id":{"source":"ticker","offset":5,"index":0},"at":"2026-03-02T09:00:00Z","body":{"kind":"tick"}}"#,
+        )
+        .expect("a tick");
+        assert!(matches!(tick.body, RecordBody::Tick));
+        let message = r#"{"Agent":{"user_id":"u1","body":{"Input":{"event_id":"e1","command":{"type":"card_reauthenticated","user_id":"u1","card_id":"c1"}}}}}"#;
+        for body in [
+            format!(r#"{{"kind":"message","message":{message}}}"#),
+            format!(r#"{{"message":{message},"kind":"message"}}"#),
+        ] {
+            let text = format!(
+                r#"{{"id":{{"source":"ingest","offset":1,"index":0}},"at":"2026-03-02T09:00:00Z","body":{body}}}"#
+            );
+            let record: StageRecord = serde_json::from_str(&text).expect("a message");
+            let again = serde_json::to_string(&record).expect("serializes");
+            let expected = format!(
+                r#"{{"id":{{"source":"ingest","offset":1,"index":0}},"at":"2026-03-02T09:00:00Z","body":{{"kind":"message","message":{message}}}}}"#
+            );
+            assert_eq!(again, expected);
+        }
+        let error = serde_json::from_str::<RecordBody>(r#"{"kind":"nope"}"#).expect_err("refused").to_string();
+        assert!(error.contains("unknown variant `nope`"), "{error}");
+    }
+}
