@@ -6,7 +6,13 @@
 //! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
 //! latency percentiles. Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
 //! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
-//! lag while the pipeline drains.
+//! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
+//! processed (event time then moves in steps of one bulk, see the README).
+//!
+//! It also prints the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
+//! service's outputs by type beside those of `paisa replay` of the same events (computed in-process):
+//! with the event clock and bulk posting, later inputs reach the stages before the connector's answers
+//! to earlier crawls, so timers fire earlier than in replay and the service does more crawls.
 
 use pipelines::input::Command;
 use pipelines::Input;
@@ -63,6 +69,7 @@ fn is_wallet(input: &Input) -> bool {
 
 /// Posts inputs in order: wallet events to the simulator, the rest to the service, in bulk.
 fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+    let paced = std::env::var("BENCH_PACED").is_ok();
     let mut posted = 0;
     for chunk in inputs.chunks(BULK_INPUTS) {
         let (wallet, events): (Vec<&Input>, Vec<&Input>) = chunk.iter().partition(|input| is_wallet(input));
@@ -75,6 +82,9 @@ fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, i
                 client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&events).send().expect("serve");
             assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
             posted += events.len();
+            if paced {
+                wait_quiescent(client, serve);
+            }
         }
     }
     posted
@@ -99,6 +109,40 @@ fn wait_quiescent(client: &reqwest::blocking::Client, serve: &str) {
         }
         std::thread::sleep(Duration::from_millis(if trace { 200 } else { 20 }));
     }
+}
+
+/// CPU seconds (user + system) a process has used so far, from `/proc/PID/stat` (None elsewhere).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) start after its closing parenthesis.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0) // USER_HZ is 100 on Linux
+}
+
+/// CPU seconds of the service, the simulator and this client (the readers are not running yet).
+fn cpu_of(serve: &Server, wallet_sim: &Server) -> [Option<f64>; 3] {
+    [cpu_seconds(serve.child.id()), cpu_seconds(wallet_sim.child.id()), cpu_seconds(std::process::id())]
+}
+
+/// Outputs by type in a SPEC §9 document's `outputs`.
+fn outputs_by_type(outputs: &[Value]) -> std::collections::BTreeMap<String, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for output in outputs {
+        *counts.entry(output["type"].as_str().unwrap_or("?").to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The outputs of `paisa replay` of `inputs` (the engine and the simulated provider, in-process).
+fn replay_outputs(inputs: &[Input]) -> std::collections::BTreeMap<String, u64> {
+    let mut engine = pipelines::Engine::new(pipelines::Config::default(), Some(Default::default()));
+    for input in inputs {
+        engine.apply(input.clone());
+    }
+    let outputs: Vec<Value> =
+        engine.outputs().iter().map(|output| serde_json::to_value(output).expect("JSON")).collect();
+    outputs_by_type(&outputs)
 }
 
 fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
@@ -134,11 +178,13 @@ fn main() {
     let serve = start(&serve_args);
     let client = http_client();
 
+    let cpu_before = cpu_of(&serve, &wallet_sim);
     let started = Instant::now();
     let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
     let posted_after = started.elapsed();
     wait_quiescent(&client, &serve.base);
     let elapsed = started.elapsed();
+    let cpu_after = cpu_of(&serve, &wallet_sim);
     println!("workload: {agents} agents × {rounds} rounds; {posted} events through the API (+ wallet events)");
     println!(
         "ingest + process: {:.2} s → {:.0} events/s sustained (posting alone took {:.2} s)",
@@ -146,7 +192,12 @@ fn main() {
         posted as f64 / elapsed.as_secs_f64(),
         posted_after.as_secs_f64()
     );
-
+    let cpu: Vec<String> = ["serve", "wallet-sim", "bench client"]
+        .iter()
+        .zip(cpu_before.iter().zip(&cpu_after))
+        .filter_map(|(name, (before, after))| Some(format!("{name} {:.2} s", (*after)? - (*before)?)))
+        .collect();
+    println!("CPU time in that phase (2 cores = {:.2} s): {}", 2.0 * elapsed.as_secs_f64(), cpu.join(", "));
     let order_ids: Vec<String> = first
         .iter()
         .filter_map(|input| match &input.command {
@@ -196,4 +247,13 @@ fn main() {
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
     wait_quiescent(&client, &serve.base);
+    let snapshot: Value = client
+        .get(format!("{}/v1/admin/snapshot", serve.base))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .expect("snapshot")
+        .json()
+        .expect("JSON");
+    println!("outputs of the service: {:?}", outputs_by_type(snapshot["outputs"].as_array().expect("outputs")));
+    println!("outputs of paisa replay of the same events: {:?}", replay_outputs(&inputs));
 }
