@@ -31,9 +31,8 @@ pub fn deserialize<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Res
     deserializer.deserialize_map(TaggedVisitor::<T>(PhantomData))
 }
 
-/// Reads `T` from the rest of a map whose first key (already read) was `first_key`: what a struct
-/// holding the enum's fields beside its own (serde's `flatten`) hands on once its own keys are read.
-pub fn deserialize_rest<'de, T: Tagged, A: MapAccess<'de>>(first_key: Key, map: A) -> Result<T, A::Error> {
+/// Reads `T` from the rest of a map whose first key (already read) was `first_key`.
+fn deserialize_rest<'de, T: Tagged, A: MapAccess<'de>>(first_key: Key, map: A) -> Result<T, A::Error> {
     match first_key {
         Key::Tag => {
             let mut map = map;
@@ -52,7 +51,7 @@ pub fn deserialize_rest<'de, T: Tagged, A: MapAccess<'de>>(first_key: Key, map: 
 }
 
 /// Reads `T` from entries already collected as JSON values (the tag anywhere among them).
-pub fn from_object<T: Tagged, E: Error>(mut object: Map<String, Value>) -> Result<T, E> {
+fn from_object<T: Tagged, E: Error>(mut object: Map<String, Value>) -> Result<T, E> {
     let index = match object.remove(T::TAG) {
         Some(Value::String(name)) => variant_index(&name, T::VARIANTS)?,
         Some(other) => return Err(E::custom(format!("`{}` must be a string, not {other}", T::TAG))),
@@ -63,7 +62,7 @@ pub fn from_object<T: Tagged, E: Error>(mut object: Map<String, Value>) -> Resul
 
 /// Adds the remaining entries of `map` to `object` (a key given twice is refused, as serde_json does
 /// for the structs it reads).
-pub fn collect_rest<'de, A: MapAccess<'de>>(object: &mut Map<String, Value>, mut map: A) -> Result<(), A::Error> {
+fn collect_rest<'de, A: MapAccess<'de>>(object: &mut Map<String, Value>, mut map: A) -> Result<(), A::Error> {
     while let Some(key) = map.next_key::<String>()? {
         let value: Value = map.next_value()?;
         if object.contains_key(&key) {
@@ -79,35 +78,19 @@ fn variant_index<E: Error>(name: &str, variants: &'static [&'static str]) -> Res
 }
 
 /// A key of a tagged map: the tag, or another key (kept, for the slow path).
-pub enum Key {
+enum Key {
     Tag,
     Other(String),
 }
 
 /// Reads a key, telling the tag from the others without allocating for the tag.
-pub struct KeySeed(pub &'static str);
+struct KeySeed(&'static str);
 
 impl<'de> DeserializeSeed<'de> for KeySeed {
     type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl Visitor<'_> for KeySeed {
-    type Value = Key;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a field name")
-    }
-
-    fn visit_str<E: Error>(self, key: &str) -> Result<Key, E> {
-        Ok(if key == self.0 { Key::Tag } else { Key::Other(key.to_string()) })
-    }
-
-    fn visit_string<E: Error>(self, key: String) -> Result<Key, E> {
-        Ok(if key == self.0 { Key::Tag } else { Key::Other(key) })
+        parse_str(deserializer, |key| Ok(if key == self.0 { Key::Tag } else { Key::Other(key.to_string()) }))
     }
 }
 
@@ -206,7 +189,7 @@ mod tests {
         inputs.into_iter().map(|input| input.command).filter(|command| seen.insert(command.type_name())).collect()
     }
 
-    /// `value`'s object keys in the order `order` picks (a permutation seed per object).
+    /// `value` with the keys of each object shuffled by `seed`.
     fn reorder(value: &Value, seed: &mut u64) -> Value {
         match value {
             Value::Object(object) => {

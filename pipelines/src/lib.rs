@@ -21,7 +21,6 @@ pub mod replay;
 pub mod seen;
 pub mod snapshot;
 pub mod stages;
-
 pub mod time;
 pub mod time_ordered;
 pub mod timers;
