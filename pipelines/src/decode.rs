@@ -31,25 +31,6 @@ pub fn deserialize<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Res
     deserializer.deserialize_map(TaggedVisitor::<T>(PhantomData))
 }
 
-/// Reads `T` from the rest of a map whose first key (already read) was `first_key`.
-fn deserialize_rest<'de, T: Tagged, A: MapAccess<'de>>(first_key: Key, map: A) -> Result<T, A::Error> {
-    match first_key {
-        Key::Tag => {
-            let mut map = map;
-            let index = map.next_value_seed(VariantSeed(T::VARIANTS))?;
-            T::variant(index, serde::de::value::MapAccessDeserializer::new(map))
-        }
-        Key::Other(key) => {
-            let mut map = map;
-            let value: Value = map.next_value()?;
-            let mut object = Map::new();
-            object.insert(key, value);
-            collect_rest(&mut object, map)?;
-            from_object::<T, A::Error>(object)
-        }
-    }
-}
-
 /// Reads `T` from entries already collected as JSON values (the tag anywhere among them).
 fn from_object<T: Tagged, E: Error>(mut object: Map<String, Value>) -> Result<T, E> {
     let index = match object.remove(T::TAG) {
@@ -128,7 +109,17 @@ impl<'de, T: Tagged> Visitor<'de> for TaggedVisitor<T> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
         match map.next_key_seed(KeySeed(T::TAG))? {
-            Some(first_key) => deserialize_rest(first_key, map),
+            Some(Key::Tag) => {
+                let index = map.next_value_seed(VariantSeed(T::VARIANTS))?;
+                T::variant(index, serde::de::value::MapAccessDeserializer::new(map))
+            }
+            Some(Key::Other(key)) => {
+                let value: Value = map.next_value()?;
+                let mut object = Map::new();
+                object.insert(key, value);
+                collect_rest(&mut object, map)?;
+                from_object::<T, A::Error>(object)
+            }
             None => Err(A::Error::missing_field(T::TAG)),
         }
     }

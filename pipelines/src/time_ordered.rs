@@ -48,8 +48,17 @@ impl<T: TimeKeyed> TimeOrdered<T> {
         self.lines.binary_search_by(|line| key(line).cmp(&(time, txn_id)))
     }
 
-    /// The slot of the line with this txn id.
-    pub fn slot_of(&self, txn_id: &str) -> Option<usize> {
+    /// The line with this txn id.
+    pub fn find(&self, txn_id: &str) -> Option<&T> {
+        self.slot_of(txn_id).and_then(|slot| self.lines.get(slot))
+    }
+
+    /// The line with this txn id, to change anything but its time and txn id.
+    pub fn find_mut(&mut self, txn_id: &str) -> Option<&mut T> {
+        self.slot_of(txn_id).and_then(|slot| self.lines.get_mut(slot))
+    }
+
+    fn slot_of(&self, txn_id: &str) -> Option<usize> {
         let time = *self.time_of.get(txn_id)?;
         let slot = self.position(time, txn_id).ok();
         debug_assert!(slot.is_some(), "txn {txn_id} has a time but no line");
@@ -58,11 +67,6 @@ impl<T: TimeKeyed> TimeOrdered<T> {
 
     pub fn get(&self, slot: usize) -> Option<&T> {
         self.lines.get(slot)
-    }
-
-    /// The line in `slot`, to change anything but its time and txn id (the order keys on them).
-    pub fn get_mut(&mut self, slot: usize) -> Option<&mut T> {
-        self.lines.get_mut(slot)
     }
 
     /// The newest line.

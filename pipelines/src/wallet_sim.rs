@@ -100,7 +100,7 @@ impl WalletSim {
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
-        if let Some(line) = card.lines.slot_of(txn_id).and_then(|slot| card.lines.get_mut(slot)) {
+        if let Some(line) = card.lines.find_mut(txn_id) {
             line.listed.status = status;
         }
     }
@@ -139,7 +139,7 @@ impl WalletSim {
         };
         if request.mode == CrawlMode::Detail {
             let txn_id = request.txn_id.as_deref().unwrap_or_default();
-            return match card.lines.slot_of(txn_id).and_then(|slot| card.lines.get(slot)) {
+            return match card.lines.find(txn_id) {
                 Some(line) if line.visible_at(now) => View::Detail(line.full()),
                 _ => View::Error(CrawlError::DetailUnavailable),
             };

@@ -193,7 +193,7 @@ impl TimeKeyed for BillLine {
 
 impl BillTable {
     pub fn get(&self, txn_id: &str) -> Option<&BillLine> {
-        self.lines.slot_of(txn_id).and_then(|slot| self.lines.get(slot))
+        self.lines.find(txn_id)
     }
 
     /// The slot of the line with this time and txn id, looked for first beside `near` (the slot found
@@ -225,8 +225,7 @@ impl BillTable {
     /// The line, to change its status, UTR, IFSC or use (never its time or txn id: the order keys on
     /// them).
     pub fn get_mut(&mut self, txn_id: &str) -> Option<&mut BillLine> {
-        let slot = self.lines.slot_of(txn_id)?;
-        self.lines.get_mut(slot)
+        self.lines.find_mut(txn_id)
     }
 
     pub fn len(&self) -> usize {
