@@ -129,7 +129,16 @@ fn cpu_of(serve: &Server, wallet_sim: &Server) -> [Option<f64>; 3] {
 fn outputs_by_type(outputs: &[Value]) -> std::collections::BTreeMap<String, u64> {
     let mut counts = std::collections::BTreeMap::new();
     for output in outputs {
-        *counts.entry(output["type"].as_str().unwrap_or("?").to_string()).or_insert(0) += 1;
+        let kind = output["type"].as_str().unwrap_or("?");
+        // Rejections by reason and callbacks by order kind and status: where a service that runs ahead of its answers differs from replay.
+        let key = match (output["reason"].as_str(), output["kind"].as_str(), output["status"].as_str()) {
+            (Some(reason), _, _) if kind == "command_rejected" => format!("{kind}:{reason}"),
+            (_, Some(order_kind), Some(status)) if kind == "merchant_callback" => {
+                format!("{kind}:{order_kind}:{status}")
+            }
+            _ => kind.to_string(),
+        };
+        *counts.entry(key).or_insert(0) += 1;
     }
     counts
 }

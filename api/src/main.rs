@@ -422,6 +422,12 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         (None, true) => demo::demo_config()?,
         (path, _) => engine_config(path.as_deref())?,
     };
+    // On the event clock the connector stamps each answer `crawl_latency` after its request, so agent
+    // partitions can wait for answers in flight (an instance that does not ingest runs no connector,
+    // but processes partitions whose crawls the ingesting instance's connector answers).
+    if clock == ClockMode::Event && (options.statement_provider.is_some() || options.no_ingest) {
+        config.answer_delay_s = Some(config.engine.crawl_latency_s);
+    }
     let mut read_model_in_use = None;
     let (embedded, _mock_cluster) = match options.profile {
         Profile::Embedded => (tokio::task::spawn_blocking(move || Embedded::start(config)).await??, None),

@@ -8,6 +8,7 @@
 //! R-POST-2, R-DEBT-*, R-ERR-*, R-ADMIN-1/3, R-JRN-*, R-AUDIT-1), `input` (R-IN-1 structure),
 //! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9).
 
+pub mod answer_barrier;
 pub mod config;
 pub mod decode;
 pub mod document;

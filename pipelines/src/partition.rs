@@ -9,6 +9,7 @@
 //! the state at some position of the log, applying only the records after it.
 //! Still pure: no I/O, no OS clock.
 
+use crate::answer_barrier::AnswerBarrier;
 use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::Output;
@@ -255,6 +256,9 @@ pub struct StagePartition {
     local: VecDeque<Work>,
     records_applied: u64,
     duplicates_dropped: u64,
+    /// An agent partition whose crawls are answered at a known time waits for the answers (see
+    /// [`AnswerBarrier`]); None: records are applied as they arrive.
+    answer_barrier: Option<AnswerBarrier>,
 }
 
 /// What a snapshot encodes: the partition and, for the agent stage (the only one that reads it), the
@@ -307,7 +311,24 @@ impl StagePartition {
             local: VecDeque::new(),
             records_applied: 0,
             duplicates_dropped: 0,
+            answer_barrier: None,
         }
+    }
+
+    /// Makes this agent partition wait for each crawl's answer, stamped `answer_delay_s` after the
+    /// request, before it applies records stamped later (see [`AnswerBarrier`]). For a runtime whose
+    /// connector stamps answers so (the event clock). Part of the state: a log applied again with the
+    /// barrier must be applied with the same one. No effect on other stages (they ask no crawls).
+    pub fn with_answer_barrier(mut self, answer_delay_s: i64) -> StagePartition {
+        if self.kind == StageKind::Agent {
+            self.answer_barrier = Some(AnswerBarrier::new(answer_delay_s));
+        }
+        self
+    }
+
+    /// The barrier, if this partition waits for answers.
+    pub fn answer_barrier(&self) -> Option<&AnswerBarrier> {
+        self.answer_barrier.as_ref()
     }
 
     pub fn kind(&self) -> StageKind {
@@ -387,6 +408,9 @@ impl StagePartition {
             return Err(SnapshotError::Inconsistent(format!("a {expected} partition with {found} state")));
         }
         restored.check_references().map_err(SnapshotError::Inconsistent)?;
+        if let Some(barrier) = &restored.answer_barrier {
+            barrier.check().map_err(SnapshotError::Inconsistent)?;
+        }
         let expected = config_fingerprint(&config);
         match (&mut restored.state, fingerprint) {
             (StageState::Agent(stage), Some(found)) => {
@@ -416,8 +440,12 @@ impl StagePartition {
         self.clock
     }
 
-    /// When the next timer falls due (the ticker appends a tick only to partitions that need one).
+    /// When the next timer falls due (the ticker appends a tick only to partitions that need one). None
+    /// while records wait for an answer: a tick would wait too, and the answer fires what is due.
     pub fn next_timer_due(&self) -> Option<Timestamp> {
+        if self.answer_barrier.as_ref().is_some_and(|barrier| barrier.held() > 0) {
+            return None;
+        }
         self.timers.first_key().map(|(due, _)| due)
     }
 
@@ -446,10 +474,28 @@ impl StagePartition {
             }
             Some(last) => *last = position,
             None => {
-                self.high_water.insert(id.source, position);
+                self.high_water.insert(id.source.clone(), position);
             }
         }
         self.records_applied += 1;
+        let record = StageRecord { id, at, body };
+        let Some(barrier) = self.answer_barrier.as_mut() else {
+            self.apply_now(record, produced);
+            return Applied::Applied;
+        };
+        if let Some(record) = barrier.admit(record) {
+            self.apply_now(record, produced);
+        }
+        while let Some(record) = self.answer_barrier.as_mut().and_then(AnswerBarrier::release) {
+            self.apply_now(record, produced);
+        }
+        Applied::Applied
+    }
+
+    /// Applies a record past the duplicate check and the barrier.
+    fn apply_now(&mut self, record: StageRecord, produced: &mut Produced) {
+        let StageRecord { at, body, .. } = record;
+        let first_output = produced.outputs.len();
         match body {
             RecordBody::Message { message } => {
                 debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
@@ -462,7 +508,9 @@ impl StagePartition {
                 self.clock = self.clock.max(at);
             }
         }
-        Applied::Applied
+        if let Some(barrier) = self.answer_barrier.as_mut() {
+            barrier.await_answers(&produced.outputs[first_output..]);
+        }
     }
 
     fn owner_of(&self, message: &Message) -> (StageKind, u32) {
@@ -673,5 +721,143 @@ mod tests {
         };
         partition.apply(accepted, &mut produced);
         assert_eq!(to_agents(&produced), 1, "the waiting dispatch goes to the agent stage");
+    }
+
+    /// An agent with a card whose re-authentication asks a check at 09:00:01 (R-REAUTH-1).
+    const BOUND: &str =
+        r#"{"type":"card_bound","at":"2026-03-02T09:00:00Z","user_id":"u1","card_id":"k1","provider":"paytm"}"#;
+    const REAUTHENTICATED: &str =
+        r#"{"type":"card_reauthenticated","at":"2026-03-02T09:00:01Z","user_id":"u1","card_id":"k1"}"#;
+    /// Stamped minutes after the check was asked: past its `crawl_timeout`.
+    const RECHARGED_LATER: &str =
+        r#"{"type":"user_recharge","at":"2026-03-02T09:05:00Z","user_id":"u1","amount":"500.00","commission":"0.00"}"#;
+
+    /// The connector's answer to `request`, stamped `crawl_latency` after it (the event clock).
+    fn answer(request: &crate::output::CrawlRequested, asked_at: Timestamp, offset: u64) -> StageRecord {
+        let result = crate::input::CrawlResult {
+            request_id: request.request_id.clone(),
+            user_id: request.user_id.clone(),
+            card_id: request.card_id.clone(),
+            ok: true,
+            error: None,
+            lines: Vec::new(),
+            next_from: None,
+        };
+        let body = AgentBody::Input {
+            event_id: crate::joined("crawl", ':', &request.request_id),
+            command: Command::CrawlResult(result),
+        };
+        StageRecord {
+            id: RecordId { source: "outputs".into(), offset, index: 0 },
+            at: asked_at.plus_seconds(Config::default().crawl_latency_s),
+            body: RecordBody::Message { message: Message::Agent { user_id: "u1".into(), body } },
+        }
+    }
+
+    fn crawl_requests(outputs: &[Output]) -> Vec<(Timestamp, crate::output::CrawlRequested)> {
+        outputs
+            .iter()
+            .filter_map(|output| match &output.body {
+                crate::output::OutputBody::CrawlRequested(request) => Some((output.at, request.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Applies the set-up and returns the check it asks.
+    fn asked_check(partition: &mut StagePartition) -> (Timestamp, crate::output::CrawlRequested) {
+        let mut produced = Produced::default();
+        for (offset, line) in [REGISTERED, BOUND, REAUTHENTICATED].into_iter().enumerate() {
+            partition.apply(record(line, offset as u64), &mut produced);
+        }
+        let mut requests = crawl_requests(&produced.outputs);
+        assert_eq!(requests.len(), 1, "one check asked: {:?}", produced.outputs);
+        requests.remove(0)
+    }
+
+    fn outputs_text(outputs: &[Output]) -> Vec<String> {
+        outputs.iter().map(|output| serde_json::to_string(output).expect("serializes")).collect()
+    }
+
+    #[test]
+    fn a_partition_with_the_answer_barrier_waits_for_the_answer_in_flight() {
+        // In log order (answer first) without a barrier: what replay does.
+        let mut in_order = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
+        let (asked_at, request) = asked_check(&mut in_order);
+        let mut expected = Produced::default();
+        in_order.apply(answer(&request, asked_at, 0), &mut expected);
+        in_order.apply(record(RECHARGED_LATER, 3), &mut expected);
+        assert!(crawl_requests(&expected.outputs).is_empty(), "answered in time: no check asked again");
+
+        // The later input overtakes the answer in the log. With the barrier it waits for the answer.
+        let mut waiting = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
+        let (asked_at, request) = asked_check(&mut waiting);
+        let mut produced = Produced::default();
+        assert_eq!(waiting.apply(record(RECHARGED_LATER, 3), &mut produced), Applied::Applied);
+        assert!(produced.outputs.is_empty(), "held, so no timeout fired: {:?}", produced.outputs);
+        assert_eq!(agent(&waiting, "u1").available.to_string(), "0.00", "the recharge is not applied yet");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
+        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
+        waiting.apply(answer(&request, asked_at, 0), &mut produced);
+        assert_eq!(outputs_text(&produced.outputs), outputs_text(&expected.outputs));
+        assert_eq!(agent(&waiting, "u1").available.to_string(), "500.00");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited(), barrier.given_up()), (0, 0, 0));
+        let state = |partition: &StagePartition| serde_json::to_string(partition.state()).expect("serializes");
+        assert_eq!(state(&waiting), state(&in_order), "the same state as in log order");
+        assert_eq!(waiting.next_timer_due(), in_order.next_timer_due());
+
+        // Without the barrier the timeout fires first, the check is asked again and the answer is stale.
+        let mut racing = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
+        let (asked_at, request) = asked_check(&mut racing);
+        let mut produced = Produced::default();
+        racing.apply(record(RECHARGED_LATER, 3), &mut produced);
+        racing.apply(answer(&request, asked_at, 0), &mut produced);
+        assert!(!crawl_requests(&produced.outputs).is_empty(), "asked again after the timeout (R-CHK-3)");
+    }
+
+    #[test]
+    fn records_held_for_an_answer_survive_a_snapshot() {
+        let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
+        let (asked_at, request) = asked_check(&mut partition);
+        let mut produced = Produced::default();
+        partition.apply(record(RECHARGED_LATER, 3), &mut produced);
+        let bytes = partition.snapshot().expect("encodes");
+        let mut restored = StagePartition::restore(&bytes, Config::default()).expect("restores");
+        assert_eq!(restored.answer_barrier().map(AnswerBarrier::held), Some(1));
+        let mut after_restore = Produced::default();
+        restored.apply(answer(&request, asked_at, 0), &mut after_restore);
+        partition.apply(answer(&request, asked_at, 0), &mut produced);
+        assert_eq!(outputs_text(&after_restore.outputs), outputs_text(&produced.outputs));
+        assert_eq!(restored.snapshot().ok(), partition.snapshot().ok());
+        assert_eq!(agent(&restored, "u1").available.to_string(), "500.00");
+    }
+
+    #[test]
+    fn an_answer_that_never_comes_is_given_up_past_the_bound() {
+        let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
+        asked_check(&mut partition);
+        let mut produced = Produced::default();
+        let start = Timestamp::parse("2026-03-02T09:05:00Z").expect("a time");
+        let tick = |offset: usize| StageRecord {
+            id: RecordId { source: "ticker".into(), offset: offset as u64, index: 0 },
+            at: start.plus_seconds(offset as i64),
+            body: RecordBody::Tick,
+        };
+        for offset in 0..crate::answer_barrier::HELD_RECORDS_MAX {
+            partition.apply(tick(offset), &mut produced);
+        }
+        assert_eq!(partition.answer_barrier().map(AnswerBarrier::held), Some(crate::answer_barrier::HELD_RECORDS_MAX));
+        assert!(produced.outputs.is_empty());
+        partition.apply(tick(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
+        let barrier = partition.answer_barrier().expect("a barrier");
+        assert_eq!(barrier.given_up(), 1);
+        assert!(barrier.held() <= crate::answer_barrier::HELD_RECORDS_MAX, "bounded");
+        // The released tick fired the crawl's timeout, as without the barrier: the check is asked again
+        // (more than once: the tick is minutes later), and the partition waits for those answers in turn.
+        let asked_again = crawl_requests(&produced.outputs);
+        assert!(!asked_again.is_empty(), "R-CHK-1 timeout, R-CHK-3 retry");
+        assert_eq!(barrier.awaited(), asked_again.len(), "the new checks' answers are awaited");
     }
 }

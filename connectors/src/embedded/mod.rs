@@ -43,6 +43,11 @@ pub struct EmbeddedConfig {
     pub tick_interval_ms: u64,
     /// The engine configuration (SPEC §8).
     pub engine: Config,
+    /// Some(seconds) when the statement connector stamps each answer that long after its request (the
+    /// event clock: `crawl_latency`): agent partitions then hold records stamped later than an answer
+    /// still in flight until it arrives (`pipelines::answer_barrier`), as replay applies them. Fixed
+    /// when the data directory is created, like the partition count.
+    pub answer_delay_s: Option<i64>,
 }
 
 impl EmbeddedConfig {
@@ -55,6 +60,7 @@ impl EmbeddedConfig {
             clock,
             tick_interval_ms: 100,
             engine: Config::default(),
+            answer_delay_s: None,
         }
     }
 }
@@ -171,7 +177,7 @@ impl Embedded {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
         let store: Box<dyn Store> = store;
-        check_settings(store.as_ref(), config.partitions, &config.engine)?;
+        check_settings(store.as_ref(), &config)?;
         let shared = store.shares_partitions();
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
@@ -189,7 +195,7 @@ impl Embedded {
         };
         for kind in StageKind::ALL {
             for index in 0..config.partitions {
-                let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
+                let mut partition = new_partition(&config, kind, index);
                 // Shared partitions are restored when the group assigns them.
                 if !shared {
                     let restored = restore(
@@ -393,12 +399,39 @@ fn stop_on_panic(inner: &Inner, name: &str, body: impl FnOnce()) {
     }
 }
 
-/// Refuses a data directory created with another partition count (keys would land elsewhere) or other
-/// engine settings (SPEC §8): state is rebuilt by replaying the logs, and the same records under other
-/// settings would give another state than the one already acted on.
-fn check_settings(store: &dyn Store, partitions: u32, engine: &Config) -> Result<(), RuntimeError> {
-    check_setting(store, "partitions", &partitions.to_string())?;
-    check_setting(store, "engine_config", &format!("{engine:?}"))
+/// A stage partition as this configuration runs it (agent partitions with the answer barrier, if any).
+fn new_partition(config: &EmbeddedConfig, kind: StageKind, index: u32) -> StagePartition {
+    let partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
+    match config.answer_delay_s {
+        Some(answer_delay_s) => partition.with_answer_barrier(answer_delay_s),
+        None => partition,
+    }
+}
+
+/// Refuses a data directory created with another partition count (keys would land elsewhere), other
+/// engine settings (SPEC §8) or another answer barrier: state is rebuilt by replaying the logs, and the
+/// same records under other settings would give another state than the one already acted on.
+fn check_settings(store: &dyn Store, config: &EmbeddedConfig) -> Result<(), RuntimeError> {
+    check_setting(store, "partitions", &config.partitions.to_string())?;
+    check_setting(store, "engine_config", &format!("{:?}", config.engine))?;
+    check_setting(store, ANSWER_BARRIER_SETTING, &answer_barrier_setting(config.answer_delay_s))
+}
+
+/// The key of the answer barrier in the settings a data directory was created with.
+const ANSWER_BARRIER_SETTING: &str = "answer_barrier";
+
+fn answer_barrier_setting(answer_delay_s: Option<i64>) -> String {
+    match answer_delay_s {
+        Some(seconds) => format!("{seconds}s"),
+        None => "off".to_string(),
+    }
+}
+
+/// The answer barrier a store's pipeline was created with (None: none, or a new store), for a rebuild
+/// that must apply the logs as the live pipeline did.
+pub fn stored_answer_delay_s(store: &dyn Store) -> Result<Option<i64>, RuntimeError> {
+    let stored = store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)?;
+    Ok(stored.and_then(|value| value.strip_suffix('s').and_then(|seconds| seconds.parse().ok())))
 }
 
 fn check_setting(store: &dyn Store, key: &str, value: &str) -> Result<(), RuntimeError> {
@@ -513,7 +546,7 @@ fn take_over(inner: &Inner, logs: &[String]) -> Result<(), RuntimeError> {
     let config = &inner.config;
     for (&(kind, index), slot) in &inner.partitions {
         let log = stage_log(kind, index);
-        let mut partition = StagePartition::new(kind, index, config.partitions, config.engine.clone());
+        let mut partition = new_partition(config, kind, index);
         if logs.contains(&log) {
             let restored =
                 restore(inner.store.as_ref(), &mut partition, &config.engine, config.batch_records_max, &mut |_| {})?;
@@ -812,7 +845,31 @@ impl PipelineHandle for Embedded {
 
 #[cfg(test)]
 mod tests {
-    use super::next_tick_id;
+    use super::*;
+
+    #[test]
+    fn a_data_directory_keeps_the_answer_barrier_it_was_created_with() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = |answer_delay_s| EmbeddedConfig {
+            answer_delay_s,
+            ..EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event)
+        };
+        let open = || -> Box<dyn Store> { Box::new(store::RedbStore::open(directory.path()).expect("opens")) };
+        let inner = Embedded::restore_inner(config(Some(1)), open(), None).expect("created");
+        for ((kind, _), partition) in &inner.partitions {
+            let waits = read_lock(partition).answer_barrier().is_some();
+            assert_eq!(waits, *kind == StageKind::Agent, "{kind:?}: only agent partitions ask crawls");
+        }
+        drop(inner);
+        // Applying the same logs without the barrier would give another state than the one acted on.
+        match Embedded::restore_inner(config(None), open(), None) {
+            Err(RuntimeError::Fatal(message)) => assert!(message.contains("answer_barrier = 1s"), "{message}"),
+            Err(other) => panic!("another error: {other}"),
+            Ok(_) => panic!("started without the barrier the data directory was created with"),
+        }
+        assert_eq!(stored_answer_delay_s(open().as_ref()).expect("reads"), Some(1), "what a rebuild adopts");
+        assert!(Embedded::restore_inner(config(Some(1)), open(), None).is_ok());
+    }
 
     #[test]
     fn tick_ids_only_move_forward() {
