@@ -6,7 +6,8 @@
 //! R-ADMIN-4), `stages::merchant` (R-MER-*), `stages::agent` (everything keyed by agent: R-DSP-1 checks,
 //! R-BAL-1, R-WIN-*, R-MATCH-*, R-CHK-*, R-WAVE-*, R-CLOSE-*, R-REAUTH-1, R-PAY-1, R-PEND-*, R-HIS-*,
 //! R-POST-2, R-DEBT-*, R-ERR-*, R-ADMIN-1/3, R-JRN-*, R-AUDIT-1), `input` (R-IN-1 structure),
-//! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9).
+//! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9), `partition` (SPEC §3
+//! partitioned stages) and `answer_barrier` (an agent partition waits for crawl answers in flight).
 
 pub mod answer_barrier;
 pub mod config;
