@@ -44,7 +44,7 @@ pub struct AnswerBarrier {
     awaited_by_time: BTreeSet<(Timestamp, Text)>,
     /// Records that arrived after the barrier's time, in log order.
     held: VecDeque<StageRecord>,
-    /// Awaited answers given up because too many records were held.
+    /// Awaited answers given up because too many records were held or answers awaited.
     given_up: u64,
 }
 
@@ -59,9 +59,11 @@ impl AnswerBarrier {
         for output in outputs {
             if let OutputBody::CrawlRequested(request) = &output.body {
                 let answer_at = output.at.plus_seconds(self.answer_delay_s);
-                if self.awaited.insert(request.request_id.clone(), answer_at).is_none() {
-                    self.awaited_by_time.insert((answer_at, request.request_id.clone()));
+                // Request ids are unique; one asked again would count from its new time.
+                if let Some(before) = self.awaited.insert(request.request_id.clone(), answer_at) {
+                    self.awaited_by_time.remove(&(before, request.request_id.clone()));
                 }
+                self.awaited_by_time.insert((answer_at, request.request_id.clone()));
             }
         }
         while self.awaited.len() > AWAITED_ANSWERS_MAX {
@@ -108,7 +110,7 @@ impl AnswerBarrier {
         self.awaited.len()
     }
 
-    /// Awaited answers given up so far (too many records held).
+    /// Awaited answers given up so far (too many records held or answers awaited).
     pub fn given_up(&self) -> u64 {
         self.given_up
     }
@@ -147,5 +149,140 @@ fn answered_request(record: &StageRecord) -> Option<&Text> {
             message: Message::Agent { body: AgentBody::Input { command: Command::CrawlResult(result), .. }, .. },
         } => Some(&result.request_id),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{CrawlResult, Provider};
+    use crate::output::{CrawlMode, CrawlRequested};
+    use crate::partition::RecordId;
+    use proptest::prelude::*;
+
+    const DELAY_S: i64 = 1;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_millis(seconds * 1_000)
+    }
+
+    fn asked(request: usize, seconds: i64) -> Output {
+        let request = CrawlRequested {
+            request_id: format!("r{request}").into(),
+            user_id: "u1".into(),
+            card_id: "k1".into(),
+            provider: Provider::Paytm,
+            mode: CrawlMode::OrderCheck,
+            order: None,
+            from: None,
+            limit: None,
+            txn_id: None,
+        };
+        Output { at: at(seconds), body: OutputBody::CrawlRequested(request) }
+    }
+
+    fn answer(request: usize, seconds: i64, offset: u64) -> StageRecord {
+        let result = CrawlResult {
+            request_id: format!("r{request}").into(),
+            user_id: "u1".into(),
+            card_id: "k1".into(),
+            ok: true,
+            error: None,
+            lines: Vec::new(),
+            next_from: None,
+        };
+        let body =
+            AgentBody::Input { event_id: format!("crawl:r{request}").into(), command: Command::CrawlResult(result) };
+        StageRecord {
+            id: RecordId { source: "outputs".into(), offset, index: 0 },
+            at: at(seconds),
+            body: RecordBody::Message { message: Message::Agent { user_id: "u1".into(), body } },
+        }
+    }
+
+    fn record(seconds: i64, offset: u64) -> StageRecord {
+        StageRecord {
+            id: RecordId { source: "ingest".into(), offset, index: 0 },
+            at: at(seconds),
+            body: RecordBody::Tick,
+        }
+    }
+
+    /// One step of a partition's life: a record arrives (stamped this many seconds), a record applied
+    /// asks a crawl, or the connector answers the oldest unanswered crawl.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Record(i64),
+        Ask,
+        Answer,
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        let step = prop_oneof![(0i64..120).prop_map(Step::Record), Just(Step::Ask), Just(Step::Answer)];
+        proptest::collection::vec(step, 0..80)
+    }
+
+    proptest! {
+        /// Whatever the interleaving: no record is applied past an awaited answer's time, records keep
+        /// their log order, answers always pass, and once every answer is in nothing is held.
+        #[test]
+        fn records_wait_for_answers_in_log_order(steps in steps()) {
+            let mut barrier = AnswerBarrier::new(DELAY_S);
+            let mut clock = 0i64; // the partition's clock: the largest time applied
+            let mut unanswered: VecDeque<(usize, i64)> = VecDeque::new();
+            let mut asked_count = 0usize;
+            let mut arrived = 0u64;
+            let mut applied: Vec<u64> = Vec::new();
+            let apply = |record: StageRecord, barrier: &AnswerBarrier, clock: &mut i64, applied: &mut Vec<u64>| {
+                if record.id.source == "ingest" {
+                    let first_awaited = barrier.awaited_by_time.first().map(|(time, _)| *time);
+                    prop_assert!(first_awaited.is_none_or(|first| record.at <= first), "applied past an answer");
+                    applied.push(record.id.offset);
+                }
+                *clock = (*clock).max(record.at.millis() / 1_000);
+                Ok(())
+            };
+            for step in steps {
+                match step {
+                    Step::Record(seconds) => {
+                        arrived += 1;
+                        if let Some(record) = barrier.admit(record(seconds, arrived)) {
+                            apply(record, &barrier, &mut clock, &mut applied)?;
+                        }
+                    }
+                    Step::Ask => {
+                        // A crawl asked at the partition's clock, as a stage asks it.
+                        barrier.await_answers(&[asked(asked_count, clock)]);
+                        unanswered.push_back((asked_count, clock + DELAY_S));
+                        asked_count += 1;
+                    }
+                    Step::Answer => {
+                        let Some((request, seconds)) = unanswered.pop_front() else { continue };
+                        let passed = barrier.admit(answer(request, seconds, request as u64));
+                        prop_assert!(passed.is_some(), "an awaited answer is applied on arrival");
+                        if let Some(record) = passed {
+                            apply(record, &barrier, &mut clock, &mut applied)?;
+                        }
+                    }
+                }
+                while let Some(record) = barrier.release() {
+                    apply(record, &barrier, &mut clock, &mut applied)?;
+                }
+                prop_assert!(barrier.check().is_ok());
+                prop_assert!(barrier.held() <= HELD_RECORDS_MAX);
+            }
+            while let Some((request, seconds)) = unanswered.pop_front() {
+                if let Some(record) = barrier.admit(answer(request, seconds, request as u64)) {
+                    apply(record, &barrier, &mut clock, &mut applied)?;
+                }
+                while let Some(record) = barrier.release() {
+                    apply(record, &barrier, &mut clock, &mut applied)?;
+                }
+            }
+            prop_assert_eq!(barrier.held(), 0);
+            prop_assert_eq!(barrier.awaited(), 0);
+            prop_assert_eq!(barrier.given_up(), 0);
+            prop_assert_eq!(applied, (1..=arrived).collect::<Vec<_>>(), "every record once, in log order");
+        }
     }
 }
