@@ -600,16 +600,50 @@ fn on_the_system_clock_the_server_stamps_time_and_ticks_fire_timers() {
     assert_eq!(balance["available"], "500.00");
 }
 
+/// SPEC §3, R-CHK-1: inputs posted at once, one stamped minutes after a crawl is asked. The agent
+/// partition would apply it before the connector's answer is in its log, fire the crawl's timeout and
+/// ask again; it waits for the answer instead (the answer barrier of the event clock), so the service
+/// ends where replay does, with one crawl.
+#[test]
+fn a_later_input_waits_for_the_answer_in_flight() {
+    let scenario = [
+        json!({"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u1","telegram_bound":false}),
+        json!({"type":"card_bound","at":"2026-03-02T09:00:00Z","user_id":"u1","card_id":"k1","provider":"paytm"}),
+        json!({"type":"card_reauthenticated","at":"2026-03-02T09:00:01Z","user_id":"u1","card_id":"k1"}),
+        json!({"type":"user_recharge","at":"2026-03-02T09:05:00Z","user_id":"u1","amount":"500.00",
+            "commission":"0.00"}),
+    ];
+    let wallet_sim = start_wallet_sim();
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let serve = start_serve(data_dir.path(), &wallet_sim.base);
+    let response = client()
+        .post(format!("{}/v1/events", serve.base))
+        .bearer_auth(ADMIN_KEY)
+        .json(&scenario)
+        .send()
+        .expect("POST answers");
+    assert!(response.status().is_success(), "{}", response.status());
+    wait_quiescent(&serve.base);
+    let text: String = scenario.iter().map(|event| format!("{event}\n")).collect();
+    let replayed: Value =
+        serde_json::from_str(&pipelines::replay::replay_to_json(&text).expect("replays")).expect("JSON");
+    assert_eq!(outputs_of_type(&replayed, "crawl_requested"), 1);
+    assert_same_state(admin_get(&serve.base, "/v1/admin/snapshot"), replayed);
+}
+
 #[test]
 fn a_data_directory_refuses_other_settings() {
-    // State is rebuilt by replaying the logs: other partitions or SPEC §8 settings would rebuild another
-    // state than the one already acted on, so the service refuses to start.
+    // State is rebuilt by replaying the logs: other partitions, SPEC §8 settings or answer barrier would
+    // rebuild another state than the one already acted on, so the service refuses to start.
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     let data = data_dir.path().join("data");
     let data = data.to_str().expect("a UTF-8 path");
     drop(start(&["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"]));
     let config = config_file(data_dir.path(), &json!({"collection_close_after": 60}));
-    for extra in [vec!["--partitions", "3"], vec!["--config", config.as_str()]] {
+    // A statement provider on the event clock turns the answer barrier on: the same logs would be
+    // applied in another order (the provider is never called: the start is refused first).
+    let provider = vec!["--statement-provider", "http://127.0.0.1:9"];
+    for extra in [vec!["--partitions", "3"], vec!["--config", config.as_str()], provider] {
         let mut args = vec!["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"];
         args.extend(extra.iter().copied());
         let output = Command::new(env!("CARGO_BIN_EXE_paisa")).args(&args).output().expect("paisa runs");

@@ -10,9 +10,10 @@
 //! processed (event time then moves in steps of one bulk, see the README).
 //!
 //! It also prints the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
-//! service's outputs by type beside those of `paisa replay` of the same events (computed in-process):
-//! with the event clock and bulk posting, later inputs reach the stages before the connector's answers
-//! to earlier crawls, so timers fire earlier than in replay and the service does more crawls.
+//! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
+//! `paisa replay` of the same events (computed in-process): with the event clock and bulk posting, one
+//! stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced inputs), so
+//! the service does more crawls than replay and decides some orders otherwise (see the README).
 
 use pipelines::input::Command;
 use pipelines::Input;
