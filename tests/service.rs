@@ -633,17 +633,14 @@ fn a_later_input_waits_for_the_answer_in_flight() {
 
 #[test]
 fn a_data_directory_refuses_other_settings() {
-    // State is rebuilt by replaying the logs: other partitions, SPEC §8 settings or answer barrier would
-    // rebuild another state than the one already acted on, so the service refuses to start.
+    // State is rebuilt by replaying the logs: other partitions or SPEC §8 settings would rebuild another
+    // state than the one already acted on, so the service refuses to start.
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     let data = data_dir.path().join("data");
     let data = data.to_str().expect("a UTF-8 path");
     drop(start(&["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"]));
     let config = config_file(data_dir.path(), &json!({"collection_close_after": 60}));
-    // A statement provider on the event clock turns the answer barrier on: the same logs would be
-    // applied in another order (the provider is never called: the start is refused first).
-    let provider = vec!["--statement-provider", "http://127.0.0.1:9"];
-    for extra in [vec!["--partitions", "3"], vec!["--config", config.as_str()], provider] {
+    for extra in [vec!["--partitions", "3"], vec!["--config", config.as_str()]] {
         let mut args = vec!["serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--clock", "event"];
         args.extend(extra.iter().copied());
         let output = Command::new(env!("CARGO_BIN_EXE_paisa")).args(&args).output().expect("paisa runs");

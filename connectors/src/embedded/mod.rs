@@ -45,8 +45,8 @@ pub struct EmbeddedConfig {
     pub engine: Config,
     /// Some(seconds) when the statement connector stamps each answer that long after its request (the
     /// event clock: `crawl_latency`): agent partitions then hold records stamped later than an answer
-    /// still in flight until it arrives (`pipelines::answer_barrier`), as replay applies them. Fixed
-    /// when the data directory is created, like the partition count.
+    /// still in flight until it arrives (`pipelines::answer_barrier`), as replay applies them. A data
+    /// directory keeps the setting it was created with: a later start adopts it.
     pub answer_delay_s: Option<i64>,
 }
 
@@ -177,7 +177,7 @@ impl Embedded {
             return Err(RuntimeError::Fatal(format!("partitions must be 1..={PARTITIONS_MAX}")));
         }
         let store: Box<dyn Store> = store;
-        check_settings(store.as_ref(), &config)?;
+        let config = check_settings(store.as_ref(), config)?;
         let shared = store.shares_partitions();
         let mut partitions = BTreeMap::new();
         let mut doorbells = BTreeMap::new();
@@ -408,13 +408,46 @@ fn new_partition(config: &EmbeddedConfig, kind: StageKind, index: u32) -> StageP
     }
 }
 
-/// Refuses a data directory created with another partition count (keys would land elsewhere), other
-/// engine settings (SPEC §8) or another answer barrier: state is rebuilt by replaying the logs, and the
-/// same records under other settings would give another state than the one already acted on.
-fn check_settings(store: &dyn Store, config: &EmbeddedConfig) -> Result<(), RuntimeError> {
+/// Refuses a data directory created with another partition count (keys would land elsewhere) or other
+/// engine settings (SPEC §8): state is rebuilt by replaying the logs, and the same records under other
+/// settings would give another state than the one already acted on. The answer barrier follows the
+/// same reasoning but is not chosen by a flag (it comes with the clock and the statement provider), so
+/// the data directory's setting is adopted: returns the configuration to run with.
+fn check_settings(store: &dyn Store, mut config: EmbeddedConfig) -> Result<EmbeddedConfig, RuntimeError> {
+    // Read before the partition count is recorded: a data directory that has it and no barrier setting
+    // was created before the barrier existed, and its logs were applied without it.
+    let created_before_the_barrier = store.get(KeyValueTable::Meta, "partitions")?.is_some()
+        && store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)?.is_none();
     check_setting(store, "partitions", &config.partitions.to_string())?;
     check_setting(store, "engine_config", &format!("{:?}", config.engine))?;
-    check_setting(store, ANSWER_BARRIER_SETTING, &answer_barrier_setting(config.answer_delay_s))
+    // The setting the data directory's logs were applied with, if it has one.
+    let stored = if created_before_the_barrier {
+        store.put(KeyValueTable::Meta, ANSWER_BARRIER_SETTING, &answer_barrier_setting(None))?;
+        Some(None)
+    } else {
+        match store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)? {
+            Some(value) => Some(parse_answer_barrier_setting(&value)?),
+            None => {
+                store.put(
+                    KeyValueTable::Meta,
+                    ANSWER_BARRIER_SETTING,
+                    &answer_barrier_setting(config.answer_delay_s),
+                )?;
+                None
+            }
+        }
+    };
+    if let Some(stored) = stored {
+        if stored != config.answer_delay_s {
+            tracing::warn!(
+                created_with = %answer_barrier_setting(stored),
+                options_imply = %answer_barrier_setting(config.answer_delay_s),
+                "the data directory keeps the answer barrier it was created with"
+            );
+        }
+        config.answer_delay_s = stored;
+    }
+    Ok(config)
 }
 
 /// The key of the answer barrier in the settings a data directory was created with.
@@ -427,11 +460,16 @@ fn answer_barrier_setting(answer_delay_s: Option<i64>) -> String {
     }
 }
 
-/// The answer barrier a store's pipeline was created with (None: none, or a new store), for a rebuild
-/// that must apply the logs as the live pipeline did.
-pub fn stored_answer_delay_s(store: &dyn Store) -> Result<Option<i64>, RuntimeError> {
-    let stored = store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)?;
-    Ok(stored.and_then(|value| value.strip_suffix('s').and_then(|seconds| seconds.parse().ok())))
+fn parse_answer_barrier_setting(value: &str) -> Result<Option<i64>, RuntimeError> {
+    if value == "off" {
+        return Ok(None);
+    }
+    match value.strip_suffix('s').and_then(|seconds| seconds.parse().ok()) {
+        Some(seconds) if seconds >= 0 => Ok(Some(seconds)),
+        _ => {
+            Err(RuntimeError::Fatal(format!("the data directory has an unreadable {ANSWER_BARRIER_SETTING} = {value}")))
+        }
+    }
 }
 
 fn check_setting(store: &dyn Store, key: &str, value: &str) -> Result<(), RuntimeError> {
@@ -855,20 +893,34 @@ mod tests {
             ..EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event)
         };
         let open = || -> Box<dyn Store> { Box::new(store::RedbStore::open(directory.path()).expect("opens")) };
+        let barriers = |inner: &Inner| -> Vec<(StageKind, Option<i64>)> {
+            let delay = |partition: &RwLock<StagePartition>| read_lock(partition).answer_barrier().map(|_| 1);
+            inner.partitions.iter().map(|((kind, _), partition)| (*kind, delay(partition))).collect()
+        };
         let inner = Embedded::restore_inner(config(Some(1)), open(), None).expect("created");
-        for ((kind, _), partition) in &inner.partitions {
-            let waits = read_lock(partition).answer_barrier().is_some();
-            assert_eq!(waits, *kind == StageKind::Agent, "{kind:?}: only agent partitions ask crawls");
+        for (kind, delay) in barriers(&inner) {
+            assert_eq!(delay.is_some(), kind == StageKind::Agent, "{kind:?}: only agent partitions ask crawls");
         }
+        assert_eq!(inner.config.answer_delay_s, Some(1));
         drop(inner);
-        // Applying the same logs without the barrier would give another state than the one acted on.
-        match Embedded::restore_inner(config(None), open(), None) {
-            Err(RuntimeError::Fatal(message)) => assert!(message.contains("answer_barrier = 1s"), "{message}"),
-            Err(other) => panic!("another error: {other}"),
-            Ok(_) => panic!("started without the barrier the data directory was created with"),
-        }
-        assert_eq!(stored_answer_delay_s(open().as_ref()).expect("reads"), Some(1), "what a rebuild adopts");
-        assert!(Embedded::restore_inner(config(Some(1)), open(), None).is_ok());
+        // Applying the same logs without the barrier would give another state than the one acted on:
+        // a start whose options imply none keeps the data directory's.
+        let inner = Embedded::restore_inner(config(None), open(), None).expect("restarted");
+        assert_eq!(inner.config.answer_delay_s, Some(1));
+        assert!(barriers(&inner).iter().any(|(_, delay)| delay.is_some()));
+        drop(inner);
+
+        // A data directory created before the setting existed was applied without a barrier.
+        let legacy = tempfile::tempdir().expect("a temporary directory");
+        let store = store::RedbStore::open(legacy.path()).expect("opens");
+        store.put(KeyValueTable::Meta, "partitions", "2").expect("written");
+        let legacy_config = EmbeddedConfig {
+            answer_delay_s: Some(1),
+            ..EmbeddedConfig::new(legacy.path().to_path_buf(), ClockMode::Event)
+        };
+        let inner = Embedded::restore_inner(legacy_config, Box::new(store), None).expect("restarted");
+        assert_eq!(inner.config.answer_delay_s, None);
+        assert!(barriers(&inner).iter().all(|(_, delay)| delay.is_none()));
     }
 
     #[test]

@@ -27,12 +27,12 @@ pub struct Comparison {
 
 /// Restores the stage partitions from `store`'s logs and projects every key into `fresh`.
 pub fn rebuild(
-    mut config: EmbeddedConfig,
+    config: EmbeddedConfig,
     store: Box<dyn Store>,
     fresh: Arc<dyn ReadModel>,
 ) -> Result<Embedded, RuntimeError> {
-    // The logs are applied as the live pipeline applied them: with its answer barrier, if it had one.
-    config.answer_delay_s = super::stored_answer_delay_s(store.as_ref())?;
+    // The logs are applied as the live pipeline applied them: `restore_inner` adopts the answer barrier
+    // the store was created with.
     let inner = Embedded::restore_inner(config, store, Some(fresh))?;
     if let Some(projector) = &inner.projector {
         projector.drain(&inner)?;
