@@ -241,13 +241,15 @@ impl Store for RedbStore {
             let mut appender = Appender::new(&transaction);
             let mut seen = transaction.open_table(EVENT_IDS).map_err(fatal)?;
             let mut created = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
+            // The next ingestion position, written back once after the loop.
+            let mut next_position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
             for (index, event_id) in event_ids.iter().enumerate() {
                 if let Some(position) = seen.get(*event_id).map_err(fatal)? {
                     outcomes.push(Appended::Duplicate { position: position.value() });
                     continue;
                 }
-                let position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
-                heads.insert(INGEST_HEAD, position + 1).map_err(fatal)?;
+                let position = next_position;
+                next_position += 1;
                 seen.insert(*event_id, position).map_err(fatal)?;
                 let ingested = encode(index, position)?;
                 for (log, bytes) in ingested.records {
@@ -273,6 +275,7 @@ impl Store for RedbStore {
                 }
                 outcomes.push(Appended::New { position });
             }
+            heads.insert(INGEST_HEAD, next_position).map_err(fatal)?;
             appender.finish(&mut heads)?;
         }
         // An encoding error above drops the transaction: nothing of the request is appended.
