@@ -319,5 +319,15 @@ pub(super) fn lag(inner: &Inner) -> u64 {
     let backlog = inner.store.backlog(&pairs).unwrap_or(u64::MAX);
     // Keys committed but not yet in the read model count too: a client that saw lag 0 reads them there.
     let unprojected = inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64);
-    backlog.saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner))).saturating_add(unprojected)
+    // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
+    // another instance's connector answers, this instance's backlog does not show that answer).
+    let held: u64 = inner
+        .partitions
+        .values()
+        .map(|partition| read_lock(partition).answer_barrier().map_or(0, |barrier| barrier.held() as u64))
+        .sum();
+    backlog
+        .saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner)))
+        .saturating_add(unprojected)
+        .saturating_add(held)
 }
