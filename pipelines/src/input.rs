@@ -388,6 +388,11 @@ pub fn parse_input_object(
     if object.get("type").and_then(Value::as_str) == Some("config") {
         return Err(ParseError::ConfigNotFirst);
     }
+    // The tag first, so the command is read without collecting its fields first (`crate::decode`):
+    // removing `at` and `event_id` above moved the last fields into their places.
+    if let Some(tag) = object.shift_remove("type") {
+        object.shift_insert(0, "type".to_string(), tag);
+    }
     let command = Command::deserialize(&*object).map_err(|error| ParseError::Schema(error.to_string()))?;
     Ok(Input { event_id: event_id.into(), at, command })
 }

@@ -8,7 +8,7 @@ use pipelines::input::{Command, Party};
 use pipelines::{Input, Timestamp};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 const ADMIN: &str = "admin-secret";
@@ -26,6 +26,8 @@ struct FakePipeline {
     cards: HashMap<String, String>,
     ready: AtomicBool,
     busy: AtomicBool,
+    /// Reads of seeded state by id (orders, users, merchants, cards): what request checks cost.
+    lookups: AtomicUsize,
 }
 
 impl FakePipeline {
@@ -46,6 +48,7 @@ impl FakePipeline {
             cards: HashMap::from([("c1".to_string(), "u1".to_string()), ("c2".to_string(), "u2".to_string())]),
             ready: AtomicBool::new(true),
             busy: AtomicBool::new(false),
+            lookups: AtomicUsize::new(0),
         }
     }
 
@@ -87,15 +90,18 @@ impl PipelineHandle for FakePipeline {
         self.orders.get(order_id).map(|(_, order)| order.clone())
     }
     fn order_merchant(&self, order_id: &str) -> Option<String> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
         self.orders.get(order_id).map(|(merchant, _)| merchant.clone())
     }
     fn user(&self, user_id: &str) -> Option<Value> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
         self.users.get(user_id).cloned()
     }
     fn user_journal(&self, user_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
         self.users.contains_key(user_id).then(|| journal(after_seq, limit))
     }
     fn merchant(&self, merchant_id: &str) -> Option<Value> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
         self.merchants.get(merchant_id).cloned()
     }
     fn merchant_journal(&self, merchant_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
@@ -105,6 +111,7 @@ impl PipelineHandle for FakePipeline {
         Page { items: vec![json!({"cursor": cursor, "limit": limit})], next_cursor: None }
     }
     fn card_owner(&self, card_id: &str) -> Option<String> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
         self.cards.get(card_id).cloned()
     }
     fn snapshot(&self) -> Value {
@@ -484,6 +491,20 @@ async fn a_bulk_is_all_or_nothing_and_sees_its_own_new_ids() {
     ]);
     server.admin_post("/v1/events", twice).await.refused(409, "order_exists", Some("[1].order_id"));
     assert_eq!(server.appended_count(), 5);
+}
+
+/// Ids are never removed, so a bulk request looks each one up in the pipeline's state once.
+#[tokio::test]
+async fn a_bulk_looks_each_existing_id_up_once() {
+    let server = start(ClockMode::System).await;
+    let recharge = json!({"type": "user_recharge", "user_id": "u1", "amount": "1.00", "commission": "0.00"});
+    let reauthenticated = json!({"type": "card_reauthenticated", "user_id": "u1", "card_id": "c1"});
+    let confirmed = json!({"type": "payment_confirmed", "order_id": "o1"});
+    let bulk = json!([recharge, reauthenticated, recharge, confirmed, reauthenticated, confirmed]);
+    let before = server.pipeline.lookups.load(Ordering::SeqCst);
+    assert_eq!(server.admin_post("/v1/events", bulk).await.accepted().len(), 6);
+    let lookups = server.pipeline.lookups.load(Ordering::SeqCst) - before;
+    assert_eq!(lookups, 3, "u1, its card c1 and o1, once each");
 }
 
 #[tokio::test]

@@ -47,8 +47,11 @@ impl<'a> Known<'a> {
         self.cards.get(card_id).cloned().or_else(|| self.pipeline.card_owner(card_id))
     }
 
-    /// Remembers the ids an accepted input creates, for the later inputs of the same request.
+    /// Remembers the ids an accepted input creates or was checked against, for the later inputs of the
+    /// same request: merchants, users, orders and card bindings are never removed, so an id that
+    /// existed once needs no second look in the store (each look is a read transaction).
     pub fn record(&mut self, command: &Command) {
+        self.record_referenced(command);
         match command {
             Command::MerchantRegistered(registered) => {
                 self.merchants.insert(registered.merchant_id.to_string());
@@ -66,6 +69,47 @@ impl<'a> Known<'a> {
                 self.orders.insert(created.order_id.to_string());
             }
             _ => {}
+        }
+    }
+
+    /// The ids an accepted input was checked against (see [`Known::check`]).
+    fn record_referenced(&mut self, command: &Command) {
+        let (merchant, user, order, card) = match command {
+            Command::MerchantDeposit(deposit) => (Some(&deposit.merchant_id), None, None, None),
+            Command::CollectionCreated(created) => (Some(&created.merchant_id), None, None, None),
+            Command::PayoutCreated(created) => (Some(&created.merchant_id), None, None, None),
+            Command::UserRecharge(recharge) => (None, Some(&recharge.user_id), None, None),
+            Command::UserAdjustment(adjustment) => (None, Some(&adjustment.user_id), None, None),
+            Command::AdminUnban(unban) => (None, Some(&unban.user_id), None, None),
+            Command::CollectionDispatched(dispatch) => {
+                (None, Some(&dispatch.user_id), Some(&dispatch.order_id), Some(&dispatch.card_id))
+            }
+            Command::PayoutGrabbed(grab) => (None, Some(&grab.user_id), Some(&grab.order_id), Some(&grab.card_id)),
+            Command::CrawlResult(result) => (None, Some(&result.user_id), None, Some(&result.card_id)),
+            Command::CardReauthenticated(reauth) => (None, Some(&reauth.user_id), None, Some(&reauth.card_id)),
+            Command::AdminApprove(command) => (None, None, Some(&command.order_id), None),
+            Command::PaymentConfirmed(command) => (None, None, Some(&command.order_id), None),
+            Command::OrderCancelled(command) => (None, None, Some(&command.order_id), None),
+            Command::SupplementRequested(command) => (None, None, Some(&command.order_id), None),
+            Command::CollectionRetry(command) => (None, None, Some(&command.order_id), None),
+            Command::AdminReject(command) => (None, None, Some(&command.order_id), None),
+            Command::AdminCrawlRetry(command) => (None, None, Some(&command.order_id), None),
+            Command::AdminCorrectCancel(command) => (None, None, Some(&command.order_id), None),
+            Command::AdminCancelPayout(command) => (None, None, Some(&command.order_id), None),
+            _ => (None, None, None, None),
+        };
+        if let Some(merchant_id) = merchant {
+            self.merchants.insert(merchant_id.to_string());
+        }
+        if let Some(order_id) = order {
+            self.orders.insert(order_id.to_string());
+        }
+        if let Some(user_id) = user {
+            self.users.insert(user_id.to_string());
+            // Checked as the user's card (`user_card`): bound to this user, forever (SPEC §4).
+            if let Some(card_id) = card {
+                self.cards.insert(card_id.to_string(), user_id.to_string());
+            }
         }
     }
 
