@@ -128,7 +128,8 @@ impl AnswerBarrier {
         }
     }
 
-    /// Every held record and awaited answer is consistent with the other (for restored snapshots).
+    /// The awaited answers agree with their index by time, and the delay is not negative (checked on
+    /// restored snapshots).
     pub fn check(&self) -> Result<(), String> {
         if self.awaited.len() != self.awaited_by_time.len()
             || self.awaited_by_time.iter().any(|(at, id)| self.awaited.get(id) != Some(at))

@@ -463,7 +463,9 @@ impl StagePartition {
         self.high_water.get(source).copied()
     }
 
-    /// Applies one record of this partition's log; what it produced is appended to `produced`.
+    /// Applies one record of this partition's log; what it produced is appended to `produced`. With an
+    /// answer barrier the record may be held instead, and records held before may be applied with it
+    /// (what they produce is appended too, so it takes ids from this record's position).
     pub fn apply(&mut self, record: StageRecord, produced: &mut Produced) -> Applied {
         let StageRecord { id, at, body } = record;
         let position = (id.offset, id.index);
