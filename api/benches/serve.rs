@@ -131,7 +131,8 @@ fn outputs_by_type(outputs: &[Value]) -> std::collections::BTreeMap<String, u64>
     let mut counts = std::collections::BTreeMap::new();
     for output in outputs {
         let kind = output["type"].as_str().unwrap_or("?");
-        // Rejections by reason and callbacks by order kind and status: where a service that runs ahead of its answers differs from replay.
+        // Rejections by reason and callbacks by order kind and status: where a service that runs ahead
+        // of its answers differs from replay.
         let key = match (output["reason"].as_str(), output["kind"].as_str(), output["status"].as_str()) {
             (Some(reason), _, _) if kind == "command_rejected" => format!("{kind}:{reason}"),
             (_, Some(order_kind), Some(status)) if kind == "merchant_callback" => {
@@ -146,10 +147,8 @@ fn outputs_by_type(outputs: &[Value]) -> std::collections::BTreeMap<String, u64>
 
 /// The outputs of `paisa replay` of `inputs` (the engine and the simulated provider, in-process).
 fn replay_outputs(inputs: &[Input]) -> std::collections::BTreeMap<String, u64> {
-    let mut engine = pipelines::Engine::new(pipelines::Config::default(), Some(Default::default()));
-    for input in inputs {
-        engine.apply(input.clone());
-    }
+    let scenario = pipelines::replay::Scenario { config: pipelines::Config::default(), inputs: inputs.to_vec() };
+    let engine = pipelines::replay::run(scenario);
     let outputs: Vec<Value> =
         engine.outputs().iter().map(|output| serde_json::to_value(output).expect("JSON")).collect();
     outputs_by_type(&outputs)

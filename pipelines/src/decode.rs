@@ -125,10 +125,20 @@ impl<'de, T: Tagged> Visitor<'de> for TaggedVisitor<T> {
     }
 }
 
-/// Implements [`Tagged`] and `Deserialize` for an enum whose variants each hold one struct.
+/// Implements [`Tagged`] and `Deserialize` for an enum whose variants each hold one struct, and names
+/// each variant's tag value with the method `$name_method` (one list for reading and naming).
 #[macro_export]
 macro_rules! tagged_newtype_enum {
-    ($enum:ident, $tag:literal, { $( $name:literal => $variant:ident ),* $(,)? }) => {
+    ($enum:ident, $tag:literal, $name_method:ident, { $( $name:literal => $variant:ident ),* $(,)? }) => {
+        impl $enum {
+            /// The variant's tag value (as the enum is written and read).
+            pub fn $name_method(&self) -> &'static str {
+                match self {
+                    $( $enum::$variant(_) => $name, )*
+                }
+            }
+        }
+
         impl $crate::decode::Tagged for $enum {
             const TAG: &'static str = $tag;
             const VARIANTS: &'static [&'static str] = &[$( $name ),*];

@@ -202,7 +202,8 @@ pub enum Command {
     WalletFault(WalletFault),
 }
 
-crate::tagged_newtype_enum!(Command, "type", {
+// `type_name`: the input's `type`, as `command_rejected.input_type` names it.
+crate::tagged_newtype_enum!(Command, "type", type_name, {
     "merchant_registered" => MerchantRegistered,
     "merchant_deposit" => MerchantDeposit,
     "user_registered" => UserRegistered,
@@ -230,40 +231,6 @@ crate::tagged_newtype_enum!(Command, "type", {
     "wallet_line_status" => WalletLineStatus,
     "wallet_fault" => WalletFault,
 });
-
-impl Command {
-    /// The input's `type`, as `command_rejected.input_type` names it.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Command::MerchantRegistered(_) => "merchant_registered",
-            Command::MerchantDeposit(_) => "merchant_deposit",
-            Command::UserRegistered(_) => "user_registered",
-            Command::CardBound(_) => "card_bound",
-            Command::UserRecharge(_) => "user_recharge",
-            Command::UserAdjustment(_) => "user_adjustment",
-            Command::CollectionCreated(_) => "collection_created",
-            Command::CollectionDispatched(_) => "collection_dispatched",
-            Command::PaymentConfirmed(_) => "payment_confirmed",
-            Command::OrderCancelled(_) => "order_cancelled",
-            Command::SupplementRequested(_) => "supplement_requested",
-            Command::CollectionRetry(_) => "collection_retry",
-            Command::PayoutCreated(_) => "payout_created",
-            Command::PayoutGrabbed(_) => "payout_grabbed",
-            Command::CrawlResult(_) => "crawl_result",
-            Command::CardReauthenticated(_) => "card_reauthenticated",
-            Command::AdminApprove(_) => "admin_approve",
-            Command::AdminReject(_) => "admin_reject",
-            Command::AdminCrawlRetry(_) => "admin_crawl_retry",
-            Command::AdminCorrectCancel(_) => "admin_correct_cancel",
-            Command::AdminCancelPayout(_) => "admin_cancel_payout",
-            Command::AdminUnban(_) => "admin_unban",
-            Command::Tick(_) => "tick",
-            Command::WalletLine(_) => "wallet_line",
-            Command::WalletLineStatus(_) => "wallet_line_status",
-            Command::WalletFault(_) => "wallet_fault",
-        }
-    }
-}
 
 /// Every input `type` name (SPEC §5), so a name read back from a log maps to the `&'static str` the
 /// stages use.

@@ -467,25 +467,23 @@ impl StagePartition {
     /// answer barrier the record may be held instead, and records held before may be applied with it
     /// (what they produce is appended too, so it takes ids from this record's position).
     pub fn apply(&mut self, record: StageRecord, produced: &mut Produced) -> Applied {
-        let StageRecord { id, at, body } = record;
-        let position = (id.offset, id.index);
-        match self.high_water.get_mut(&id.source) {
+        let position = (record.id.offset, record.id.index);
+        match self.high_water.get_mut(&record.id.source) {
             Some(last) if *last >= position => {
                 self.duplicates_dropped += 1;
                 return Applied::Duplicate;
             }
             Some(last) => *last = position,
             None => {
-                self.high_water.insert(id.source.clone(), position);
+                self.high_water.insert(record.id.source.clone(), position);
             }
         }
         self.records_applied += 1;
-        let record = StageRecord { id, at, body };
-        let Some(barrier) = self.answer_barrier.as_mut() else {
-            self.apply_now(record, produced);
-            return Applied::Applied;
+        let admitted = match self.answer_barrier.as_mut() {
+            Some(barrier) => barrier.admit(record),
+            None => Some(record),
         };
-        if let Some(record) = barrier.admit(record) {
+        if let Some(record) = admitted {
             self.apply_now(record, produced);
         }
         while let Some(record) = self.answer_barrier.as_mut().and_then(AnswerBarrier::release) {

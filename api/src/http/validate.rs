@@ -31,27 +31,33 @@ impl<'a> Known<'a> {
         }
     }
 
-    fn has_merchant(&self, merchant_id: &str) -> bool {
-        self.merchants.contains(merchant_id) || self.pipeline.merchant_exists(merchant_id)
+    // Ids found are remembered: merchants, users, orders and card bindings are never removed, so an id
+    // a request's earlier input was checked against needs no second look (each is a read transaction).
+    // Ids not found are not: a later input of the request may create them.
+
+    fn has_merchant(&mut self, merchant_id: &str) -> bool {
+        remember(&mut self.merchants, merchant_id, |id| self.pipeline.merchant_exists(id))
     }
 
-    fn has_user(&self, user_id: &str) -> bool {
-        self.users.contains(user_id) || self.pipeline.user_exists(user_id)
+    fn has_user(&mut self, user_id: &str) -> bool {
+        remember(&mut self.users, user_id, |id| self.pipeline.user_exists(id))
     }
 
-    fn has_order(&self, order_id: &str) -> bool {
-        self.orders.contains(order_id) || self.pipeline.order_merchant(order_id).is_some()
+    fn has_order(&mut self, order_id: &str) -> bool {
+        remember(&mut self.orders, order_id, |id| self.pipeline.order_merchant(id).is_some())
     }
 
-    fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.cards.get(card_id).cloned().or_else(|| self.pipeline.card_owner(card_id))
+    fn card_owner(&mut self, card_id: &str) -> Option<String> {
+        if let Some(owner) = self.cards.get(card_id) {
+            return Some(owner.clone());
+        }
+        let owner = self.pipeline.card_owner(card_id)?;
+        self.cards.insert(card_id.to_string(), owner.clone());
+        Some(owner)
     }
 
-    /// Remembers the ids an accepted input creates or was checked against, for the later inputs of the
-    /// same request: merchants, users, orders and card bindings are never removed, so an id that
-    /// existed once needs no second look in the store (each look is a read transaction).
+    /// Remembers the ids an accepted input creates, for the later inputs of the same request.
     pub fn record(&mut self, command: &Command) {
-        self.record_referenced(command);
         match command {
             Command::MerchantRegistered(registered) => {
                 self.merchants.insert(registered.merchant_id.to_string());
@@ -72,49 +78,8 @@ impl<'a> Known<'a> {
         }
     }
 
-    /// The ids an accepted input was checked against (see [`Known::check`]).
-    fn record_referenced(&mut self, command: &Command) {
-        let (merchant, user, order, card) = match command {
-            Command::MerchantDeposit(deposit) => (Some(&deposit.merchant_id), None, None, None),
-            Command::CollectionCreated(created) => (Some(&created.merchant_id), None, None, None),
-            Command::PayoutCreated(created) => (Some(&created.merchant_id), None, None, None),
-            Command::UserRecharge(recharge) => (None, Some(&recharge.user_id), None, None),
-            Command::UserAdjustment(adjustment) => (None, Some(&adjustment.user_id), None, None),
-            Command::AdminUnban(unban) => (None, Some(&unban.user_id), None, None),
-            Command::CollectionDispatched(dispatch) => {
-                (None, Some(&dispatch.user_id), Some(&dispatch.order_id), Some(&dispatch.card_id))
-            }
-            Command::PayoutGrabbed(grab) => (None, Some(&grab.user_id), Some(&grab.order_id), Some(&grab.card_id)),
-            Command::CrawlResult(result) => (None, Some(&result.user_id), None, Some(&result.card_id)),
-            Command::CardReauthenticated(reauth) => (None, Some(&reauth.user_id), None, Some(&reauth.card_id)),
-            Command::AdminApprove(command) => (None, None, Some(&command.order_id), None),
-            Command::PaymentConfirmed(command) => (None, None, Some(&command.order_id), None),
-            Command::OrderCancelled(command) => (None, None, Some(&command.order_id), None),
-            Command::SupplementRequested(command) => (None, None, Some(&command.order_id), None),
-            Command::CollectionRetry(command) => (None, None, Some(&command.order_id), None),
-            Command::AdminReject(command) => (None, None, Some(&command.order_id), None),
-            Command::AdminCrawlRetry(command) => (None, None, Some(&command.order_id), None),
-            Command::AdminCorrectCancel(command) => (None, None, Some(&command.order_id), None),
-            Command::AdminCancelPayout(command) => (None, None, Some(&command.order_id), None),
-            _ => (None, None, None, None),
-        };
-        if let Some(merchant_id) = merchant {
-            self.merchants.insert(merchant_id.to_string());
-        }
-        if let Some(order_id) = order {
-            self.orders.insert(order_id.to_string());
-        }
-        if let Some(user_id) = user {
-            self.users.insert(user_id.to_string());
-            // Checked as the user's card (`user_card`): bound to this user, forever (SPEC §4).
-            if let Some(card_id) = card {
-                self.cards.insert(card_id.to_string(), user_id.to_string());
-            }
-        }
-    }
-
     /// Amounts first (400), then ids that must exist (404), then conflicts with state (409).
-    pub fn check(&self, command: &Command) -> Result<(), ApiError> {
+    pub fn check(&mut self, command: &Command) -> Result<(), ApiError> {
         match command {
             Command::MerchantRegistered(registered) => fees(registered),
             Command::MerchantDeposit(deposit) => {
@@ -171,20 +136,20 @@ impl<'a> Known<'a> {
         }
     }
 
-    fn merchant_exists(&self, merchant_id: &str) -> Result<(), ApiError> {
+    fn merchant_exists(&mut self, merchant_id: &str) -> Result<(), ApiError> {
         require(self.has_merchant(merchant_id), Entity::Merchant, "merchant_id", merchant_id)
     }
 
-    fn user_exists(&self, user_id: &str) -> Result<(), ApiError> {
+    fn user_exists(&mut self, user_id: &str) -> Result<(), ApiError> {
         require(self.has_user(user_id), Entity::User, "user_id", user_id)
     }
 
-    fn order_exists(&self, order_id: &str) -> Result<(), ApiError> {
+    fn order_exists(&mut self, order_id: &str) -> Result<(), ApiError> {
         require(self.has_order(order_id), Entity::Order, "order_id", order_id)
     }
 
     /// Order ids are chosen by the merchant and name one order forever (SPEC §7 edge decisions).
-    fn order_absent(&self, order_id: &str) -> Result<(), ApiError> {
+    fn order_absent(&mut self, order_id: &str) -> Result<(), ApiError> {
         if !self.has_order(order_id) {
             return Ok(());
         }
@@ -193,12 +158,12 @@ impl<'a> Known<'a> {
     }
 
     /// R-DSP-1 / R-PAY-2 in their order: the order, the user, the card being the user's.
-    fn assignment(&self, order_id: &str, user_id: &str, card_id: &str) -> Result<(), ApiError> {
+    fn assignment(&mut self, order_id: &str, user_id: &str, card_id: &str) -> Result<(), ApiError> {
         self.order_exists(order_id)?;
         self.user_card(user_id, card_id)
     }
 
-    fn user_card(&self, user_id: &str, card_id: &str) -> Result<(), ApiError> {
+    fn user_card(&mut self, user_id: &str, card_id: &str) -> Result<(), ApiError> {
         self.user_exists(user_id)?;
         match self.card_owner(card_id) {
             None => Err(unknown(Entity::Card, "card_id", card_id)),
@@ -211,7 +176,7 @@ impl<'a> Known<'a> {
     }
 
     /// SPEC §4: a card id belongs to one agent forever, so binding it again is refused.
-    fn card_bindable(&self, bound: &CardBound) -> Result<(), ApiError> {
+    fn card_bindable(&mut self, bound: &CardBound) -> Result<(), ApiError> {
         self.user_exists(&bound.user_id)?;
         if self.card_owner(&bound.card_id).is_none() {
             return Ok(());
@@ -219,6 +184,18 @@ impl<'a> Known<'a> {
         let message = format!("card `{}` is already bound", bound.card_id);
         Err(ApiError::AlreadyExists { code: "card_already_bound", field: "card_id".to_string(), message })
     }
+}
+
+/// Whether `id` is in `found`, or `exists` says so now (then it is remembered).
+fn remember(found: &mut HashSet<String>, id: &str, exists: impl FnOnce(&str) -> bool) -> bool {
+    if found.contains(id) {
+        return true;
+    }
+    let exists = exists(id);
+    if exists {
+        found.insert(id.to_string());
+    }
+    exists
 }
 
 fn require(exists: bool, entity: Entity, field: &str, id: &str) -> Result<(), ApiError> {

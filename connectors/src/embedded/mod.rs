@@ -416,37 +416,26 @@ fn new_partition(config: &EmbeddedConfig, kind: StageKind, index: u32) -> StageP
 fn check_settings(store: &dyn Store, mut config: EmbeddedConfig) -> Result<EmbeddedConfig, RuntimeError> {
     // Read before the partition count is recorded: a data directory that has it and no barrier setting
     // was created before the barrier existed, and its logs were applied without it.
-    let created_before_the_barrier = store.get(KeyValueTable::Meta, "partitions")?.is_some()
-        && store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)?.is_none();
+    let created = store.get(KeyValueTable::Meta, "partitions")?.is_some();
+    let stored = store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)?;
     check_setting(store, "partitions", &config.partitions.to_string())?;
     check_setting(store, "engine_config", &format!("{:?}", config.engine))?;
-    // The setting the data directory's logs were applied with, if it has one.
-    let stored = if created_before_the_barrier {
-        store.put(KeyValueTable::Meta, ANSWER_BARRIER_SETTING, &answer_barrier_setting(None))?;
-        Some(None)
-    } else {
-        match store.get(KeyValueTable::Meta, ANSWER_BARRIER_SETTING)? {
-            Some(value) => Some(parse_answer_barrier_setting(&value)?),
-            None => {
-                store.put(
-                    KeyValueTable::Meta,
-                    ANSWER_BARRIER_SETTING,
-                    &answer_barrier_setting(config.answer_delay_s),
-                )?;
-                None
-            }
-        }
+    let answer_delay_s = match &stored {
+        Some(value) => parse_answer_barrier_setting(value)?,
+        None if created => None,
+        None => config.answer_delay_s,
     };
-    if let Some(stored) = stored {
-        if stored != config.answer_delay_s {
-            tracing::warn!(
-                created_with = %answer_barrier_setting(stored),
-                options_imply = %answer_barrier_setting(config.answer_delay_s),
-                "the data directory keeps the answer barrier it was created with"
-            );
-        }
-        config.answer_delay_s = stored;
+    if stored.is_none() {
+        store.put(KeyValueTable::Meta, ANSWER_BARRIER_SETTING, &answer_barrier_setting(answer_delay_s))?;
     }
+    if answer_delay_s != config.answer_delay_s {
+        tracing::warn!(
+            created_with = %answer_barrier_setting(answer_delay_s),
+            options_imply = %answer_barrier_setting(config.answer_delay_s),
+            "the data directory keeps the answer barrier it was created with"
+        );
+    }
+    config.answer_delay_s = answer_delay_s;
     Ok(config)
 }
 
