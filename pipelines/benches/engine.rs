@@ -25,11 +25,10 @@ fn replay(inputs: Vec<Input>) -> (Engine, usize) {
     let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
     let last = inputs.last().map(|input| input.at);
     let mut outputs = 0;
-    for (index, input) in inputs.into_iter().enumerate() {
-        engine.apply(input);
-        if index % 4096 == 0 {
-            outputs += engine.take_outputs().len(); // a service streams outputs away
-        }
+    let mut inputs = inputs.into_iter();
+    while inputs.len() > 0 {
+        engine.apply_all(inputs.by_ref().take(4096));
+        outputs += engine.take_outputs().len(); // a service streams outputs away
     }
     if let Some(last) = last {
         engine.advance_to(last);

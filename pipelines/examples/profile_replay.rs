@@ -19,11 +19,10 @@ fn main() {
     let started = std::time::Instant::now();
     let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
     let last = inputs.last().map(|input| input.at);
-    for (index, input) in inputs.into_iter().enumerate() {
-        engine.apply(input);
-        if index % 4096 == 0 {
-            engine.take_outputs();
-        }
+    let mut inputs = inputs.into_iter();
+    while inputs.len() > 0 {
+        engine.apply_all(inputs.by_ref().take(4096));
+        engine.take_outputs();
     }
     if let Some(last) = last {
         engine.advance_to(last);

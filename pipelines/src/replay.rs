@@ -80,9 +80,7 @@ fn first_content_line(text: &str) -> usize {
 pub fn run(scenario: Scenario) -> Engine {
     let mut engine = Engine::new(scenario.config, Some(WalletSim::default()));
     let last_at = scenario.inputs.last().map(|input| input.at);
-    for input in scenario.inputs {
-        engine.apply(input);
-    }
+    engine.apply_all(scenario.inputs);
     if let Some(last_at) = last_at {
         engine.advance_to(last_at);
     }

@@ -7,7 +7,8 @@
 //! are appended to chunks that never move, and the hash table holds 8-byte entries: 32 bits of the
 //! id's hash and its position. The table is a third of the size, an id is read only when those 32 bits
 //! match (a repeat, or one new id in four billion per entry compared), and growing the table rehashes
-//! the stored bits without reading an id.
+//! the stored bits without reading an id. A replay prefetches the next input's slot while it applies
+//! the current input.
 //!
 //! Exact and deterministic: the answers are those of a set of strings.
 
@@ -16,40 +17,49 @@ use std::hash::Hasher;
 
 /// Ids per chunk of stored ids.
 const IDS_PER_CHUNK: usize = 1 << 16;
-/// Ids the set holds at most (positions are `u32`).
-pub const SEEN_IDS_MAX: usize = u32::MAX as usize;
-
-/// 32 bits of an id's hash, and the id's position in the chunks.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    hash: u32,
-    position: u32,
-}
+/// Ids the set holds at most (positions are stored plus one in 32 bits).
+pub const SEEN_IDS_MAX: usize = u32::MAX as usize - 1;
+/// Slots of the first table (a power of two).
+const SLOTS_MIN: usize = 1 << 10;
 
 /// Every event id seen so far.
-#[derive(Clone, Debug, Default)]
+///
+/// The table is open addressing with linear probing over 8-byte slots: 0 for an empty slot, else the
+/// id's 32 hash bits above its position plus one. Not `hashbrown`: a table of our own can say which
+/// cache line an id's probe starts at, so a replay can ask for it one input ahead ([`SeenIds::prefetch`])
+/// and the miss into a table that outgrows the caches overlaps the previous input's work.
+#[derive(Clone, Debug)]
 pub struct SeenIds {
-    table: hashbrown::HashTable<Entry>,
+    slots: Vec<u64>,
+    /// Occupied slots (= ids stored).
+    len: usize,
     /// Every id, in arrival order.
     ids: Vec<Vec<Text>>,
 }
 
+impl Default for SeenIds {
+    fn default() -> Self {
+        SeenIds { slots: vec![0; SLOTS_MIN], len: 0, ids: Vec::new() }
+    }
+}
+
 impl SeenIds {
     pub fn len(&self) -> usize {
-        self.table.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.len == 0
     }
 
     /// Remembers `id`; true if it was not seen before.
     pub fn insert(&mut self, id: &str) -> bool {
         let hash = hash32(id);
-        if self.find(id, hash) {
-            return false;
-        }
-        let position = self.table.len();
+        let slot = match self.probe(id, hash) {
+            Probe::Found => return false,
+            Probe::Empty(slot) => slot,
+        };
+        let position = self.len;
         assert!(position < SEEN_IDS_MAX, "more than {SEEN_IDS_MAX} event ids");
         match self.ids.last_mut() {
             Some(chunk) if chunk.len() < IDS_PER_CHUNK => chunk.push(Text::from(id)),
@@ -59,23 +69,92 @@ impl SeenIds {
                 self.ids.push(chunk);
             }
         }
-        self.table.insert_unique(spread(hash), Entry { hash, position: position as u32 }, |entry| spread(entry.hash));
-        debug_assert_eq!(self.table.len(), self.ids.iter().map(Vec::len).sum::<usize>());
+        self.slots[slot] = pack(hash, position);
+        self.len += 1;
+        // At most three quarters full, so that a probe for a new id (the common case) stays short.
+        if self.len * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        debug_assert_eq!(self.len, self.ids.iter().map(Vec::len).sum::<usize>());
         true
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        self.find(id, hash32(id))
+        matches!(self.probe(id, hash32(id)), Probe::Found)
     }
 
-    fn find(&self, id: &str, hash: u32) -> bool {
-        self.table.find(spread(hash), |entry| entry.hash == hash && self.id_at(entry.position) == id).is_some()
+    /// Asks the CPU to bring the cache line where `id`'s probe starts (no effect on the answers).
+    pub fn prefetch(&self, id: &str) {
+        let home = self.home(hash32(id));
+        prefetch_read(&self.slots[home]);
     }
 
-    fn id_at(&self, position: u32) -> &str {
-        let position = position as usize;
+    /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
+    fn probe(&self, id: &str, hash: u32) -> Probe {
+        let mask = self.slots.len() - 1;
+        let mut slot = self.home(hash);
+        // The table is never full (grown at three quarters), so an empty slot ends every walk; the
+        // bound is the table's size all the same.
+        for _ in 0..self.slots.len() {
+            let entry = self.slots[slot];
+            if entry == 0 {
+                return Probe::Empty(slot);
+            }
+            if (entry >> 32) as u32 == hash && self.id_at(entry) == id {
+                return Probe::Found;
+            }
+            slot = (slot + 1) & mask;
+        }
+        unreachable!("a seen-id table with no empty slot")
+    }
+
+    /// The first slot of a probe: the top bits of the spread hash (the table's size is a power of two).
+    fn home(&self, hash: u32) -> usize {
+        let bits = self.slots.len().trailing_zeros();
+        (spread(hash) >> (64 - bits)) as usize
+    }
+
+    /// Doubles the table, placing entries by their stored hash bits (no id is read).
+    fn grow(&mut self) {
+        let doubled = vec![0; self.slots.len() * 2];
+        let old = std::mem::replace(&mut self.slots, doubled);
+        let mask = self.slots.len() - 1;
+        for entry in old.into_iter().filter(|entry| *entry != 0) {
+            let mut slot = self.home((entry >> 32) as u32);
+            while self.slots[slot] != 0 {
+                slot = (slot + 1) & mask;
+            }
+            self.slots[slot] = entry;
+        }
+    }
+
+    fn id_at(&self, entry: u64) -> &str {
+        let position = (entry as u32 - 1) as usize;
         self.ids[position / IDS_PER_CHUNK][position % IDS_PER_CHUNK].as_str()
     }
+}
+
+enum Probe {
+    Found,
+    Empty(usize),
+}
+
+/// A slot's value: never 0, the mark of an empty slot.
+fn pack(hash: u32, position: usize) -> u64 {
+    (u64::from(hash) << 32) | (position as u64 + 1)
+}
+
+/// A hint to the CPU to load `value`'s cache line; nothing on other architectures.
+#[inline]
+fn prefetch_read<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint that never faults, and the pointer comes from a reference.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// 32 bits of a well-mixed 64-bit hash of the id (FxHash, then MurmurHash3's finaliser).
@@ -121,6 +200,26 @@ mod tests {
             }
             prop_assert!(!seen.contains("never inserted: the strategies have no spaces"));
         }
+    }
+
+    /// Across many doublings of the table every id stays found, a repeat is refused, and a prefetch
+    /// (of a stored id or a new one) changes no answer.
+    #[test]
+    fn growing_keeps_every_id() {
+        let mut seen = SeenIds::default();
+        let ids: Vec<String> = (0..100_000u32).map(|number| format!("event:{number}")).collect();
+        for id in &ids {
+            seen.prefetch(id);
+            assert!(seen.insert(id), "{id} is new");
+        }
+        assert!(seen.slots.len() >= 100_000 * 4 / 3 && seen.slots.len().is_power_of_two());
+        assert_eq!(seen.slots.iter().filter(|slot| **slot != 0).count(), ids.len());
+        for id in &ids {
+            seen.prefetch(id);
+            assert!(!seen.insert(id), "{id} is a repeat");
+        }
+        assert_eq!(seen.len(), ids.len());
+        assert!(!seen.contains("event:100000"));
     }
 
     /// Ids whose 32 hash bits collide are still told apart by the stored id.
