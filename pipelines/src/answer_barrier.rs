@@ -100,6 +100,19 @@ impl AnswerBarrier {
         self.held.pop_front()
     }
 
+    /// Whether a record stamped `at` must wait for an awaited answer.
+    pub fn blocks(&self, at: Timestamp) -> bool {
+        self.is_behind_barrier(at)
+    }
+
+    /// Holds, first of all held records, one whose application a timer stopped: a timer due before it
+    /// asked a crawl whose answer is stamped before it too (see `StagePartition::apply`). It was next
+    /// in log order (admitted with nothing held, or released from the front), so it goes back first.
+    pub fn hold_first(&mut self, record: StageRecord) {
+        debug_assert!(self.is_behind_barrier(record.at), "held without an answer to wait for");
+        self.held.push_front(record);
+    }
+
     /// Records held now.
     pub fn held(&self) -> usize {
         self.held.len()

@@ -483,34 +483,42 @@ impl StagePartition {
             Some(barrier) => barrier.admit(record),
             None => Some(record),
         };
-        if let Some(record) = admitted {
-            self.apply_now(record, produced);
-        }
-        while let Some(record) = self.answer_barrier.as_mut().and_then(AnswerBarrier::release) {
-            self.apply_now(record, produced);
+        let mut next = admitted.or_else(|| self.answer_barrier.as_mut().and_then(AnswerBarrier::release));
+        while let Some(record) = next {
+            if let Some(stopped) = self.apply_now(record, produced) {
+                if let Some(barrier) = self.answer_barrier.as_mut() {
+                    // Released again once its answer comes, or at once past the bound (an answer given up).
+                    barrier.hold_first(stopped);
+                }
+            }
+            next = self.answer_barrier.as_mut().and_then(AnswerBarrier::release);
         }
         Applied::Applied
     }
 
-    /// Applies a record past the duplicate check and the barrier.
-    fn apply_now(&mut self, record: StageRecord, produced: &mut Produced) {
-        let StageRecord { at, body, .. } = record;
+    /// Applies a record past the duplicate check and the barrier. Returns it unapplied when a timer due
+    /// before it asked a crawl whose answer is stamped before it too: in replay that answer comes
+    /// first (and before the crawl's timeout, another timer due before the record), so the record
+    /// waits for it like any record behind the barrier. Timers fired before the stop stay fired.
+    fn apply_now(&mut self, record: StageRecord, produced: &mut Produced) -> Option<StageRecord> {
+        let at = record.at;
+        let timers_done = match &record.body {
+            RecordBody::Message { .. } => self.fire_timers(|due| due < at, at, produced),
+            RecordBody::Tick => self.fire_timers(|due| due <= at, at, produced),
+        };
+        if !timers_done {
+            return Some(record);
+        }
         let first_output = produced.outputs.len();
-        match body {
-            RecordBody::Message { message } => {
-                debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
-                self.fire_timers(|due| due < at, produced);
-                self.clock = self.clock.max(at);
-                self.run(Work::Message(message), produced);
-            }
-            RecordBody::Tick => {
-                self.fire_timers(|due| due <= at, produced);
-                self.clock = self.clock.max(at);
-            }
+        self.clock = self.clock.max(at);
+        if let RecordBody::Message { message } = record.body {
+            debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
+            self.run(Work::Message(message), produced);
         }
         if let Some(barrier) = self.answer_barrier.as_mut() {
             barrier.await_answers(&produced.outputs[first_output..]);
         }
+        None
     }
 
     fn owner_of(&self, message: &Message) -> (StageKind, u32) {
@@ -518,8 +526,15 @@ impl StagePartition {
         (kind, partition_of(key, self.partitions))
     }
 
-    /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3).
-    fn fire_timers(&mut self, is_due: impl Fn(Timestamp) -> bool, produced: &mut Produced) {
+    /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3), for a record stamped
+    /// `record_at`. With an answer barrier, stops (returns false) once a fired timer has asked a crawl
+    /// whose answer the record must wait for.
+    fn fire_timers(
+        &mut self,
+        is_due: impl Fn(Timestamp) -> bool,
+        record_at: Timestamp,
+        produced: &mut Produced,
+    ) -> bool {
         while let Some((due, _)) = self.timers.first_key() {
             if !is_due(due) {
                 break;
@@ -529,8 +544,16 @@ impl StagePartition {
             };
             // A timer acts, and stamps what it emits, at its due time (or at the clock if overdue).
             self.clock = self.clock.max(due);
+            let first_output = produced.outputs.len();
             self.run(Work::Timer(timer), produced);
+            if let Some(barrier) = self.answer_barrier.as_mut() {
+                barrier.await_answers(&produced.outputs[first_output..]);
+                if barrier.blocks(record_at) {
+                    return false;
+                }
+            }
         }
+        true
     }
 
     /// Processes one unit of work and what it causes in this partition, FIFO; messages for other
@@ -734,12 +757,22 @@ mod tests {
 
     /// The connector's answer to `request`, stamped `crawl_latency` after it (the event clock).
     fn answer(request: &crate::output::CrawlRequested, asked_at: Timestamp, offset: u64) -> StageRecord {
+        answer_with(request, asked_at, offset, None)
+    }
+
+    /// An answer that is `error` (None: an empty page).
+    fn answer_with(
+        request: &crate::output::CrawlRequested,
+        asked_at: Timestamp,
+        offset: u64,
+        error: Option<crate::input::CrawlError>,
+    ) -> StageRecord {
         let result = crate::input::CrawlResult {
             request_id: request.request_id.clone(),
             user_id: request.user_id.clone(),
             card_id: request.card_id.clone(),
-            ok: true,
-            error: None,
+            ok: error.is_none(),
+            error,
             lines: Vec::new(),
             next_from: None,
         };
@@ -818,6 +851,52 @@ mod tests {
     }
 
     #[test]
+    fn a_record_waits_for_the_answer_to_a_check_a_timer_asked_before_it() {
+        // A busy answer makes R-CHK-3 ask again 30 s later, by a timer. A record stamped minutes later
+        // fires that timer when it is applied; in replay the check's answer (1 s after) comes before
+        // the check's timeout and before the record, so the record must wait for it.
+        let busy = Some(crate::input::CrawlError::UpstreamBusy);
+        let tick = |at: Timestamp, offset: u64| StageRecord {
+            id: RecordId { source: "ticker".into(), offset, index: 0 },
+            at,
+            body: RecordBody::Tick,
+        };
+
+        // Replay's order: a tick at the retry's time asks the check, its answer, then the record.
+        let mut in_order = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
+        let (asked_at, request) = asked_check(&mut in_order);
+        let mut expected = Produced::default();
+        in_order.apply(answer_with(&request, asked_at, 0, busy), &mut expected);
+        let retry_at = in_order.next_timer_due().expect("the retry timer");
+        in_order.apply(tick(retry_at, 0), &mut expected);
+        let retries = crawl_requests(&expected.outputs);
+        assert_eq!(retries.len(), 1, "R-CHK-3 asked again: {:?}", expected.outputs);
+        let (retried_at, retry) = retries[0].clone();
+        in_order.apply(answer(&retry, retried_at, 1), &mut expected);
+        in_order.apply(record(RECHARGED_LATER, 3), &mut expected);
+        assert_eq!(crawl_requests(&expected.outputs).len(), 1, "answered in time: not asked a third time");
+
+        // With the barrier and no tick: the record itself fires the retry, stops there and waits.
+        let mut waiting = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
+        let (asked_at, request) = asked_check(&mut waiting);
+        let mut produced = Produced::default();
+        waiting.apply(answer_with(&request, asked_at, 0, busy), &mut produced);
+        waiting.apply(record(RECHARGED_LATER, 3), &mut produced);
+        assert_eq!(crawl_requests(&produced.outputs), retries, "the retry is asked, its timeout not fired");
+        assert_eq!(agent(&waiting, "u1").available.to_string(), "0.00", "the record waits");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
+        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
+        waiting.apply(answer(&retry, retried_at, 1), &mut produced);
+        assert_eq!(outputs_text(&produced.outputs), outputs_text(&expected.outputs));
+        let state = |partition: &StagePartition| serde_json::to_string(partition.state()).expect("serializes");
+        assert_eq!(state(&waiting), state(&in_order), "the same state as in replay's order");
+        assert_eq!(agent(&waiting, "u1").available.to_string(), "500.00");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited(), barrier.given_up()), (0, 0, 0));
+    }
+
+    #[test]
     fn records_held_for_an_answer_survive_a_snapshot() {
         let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
         let (asked_at, request) = asked_check(&mut partition);
@@ -852,12 +931,19 @@ mod tests {
         assert!(produced.outputs.is_empty());
         partition.apply(tick(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
         let barrier = partition.answer_barrier().expect("a barrier");
-        assert_eq!(barrier.given_up(), 1);
         assert!(barrier.held() <= crate::answer_barrier::HELD_RECORDS_MAX, "bounded");
-        // The released tick fired the crawl's timeout, as without the barrier: the check is asked again
-        // (more than once: the tick is minutes later), and the partition waits for those answers in turn.
+        // The released tick fired the crawl's timeout, as without the barrier (R-CHK-1), and the retry
+        // asked the check again (R-CHK-3). A retry's answer is stamped before the tick, so the tick
+        // stops there and waits; past the bound that answer is given up in turn, until the tick is
+        // applied and the next tick waits for the last check asked.
         let asked_again = crawl_requests(&produced.outputs);
         assert!(!asked_again.is_empty(), "R-CHK-1 timeout, R-CHK-3 retry");
-        assert_eq!(barrier.awaited(), asked_again.len(), "the new checks' answers are awaited");
+        assert!(barrier.given_up() >= 1);
+        assert_eq!(barrier.awaited(), 1, "the tick being applied waits for the last check asked");
+        assert_eq!(
+            asked_again.len() as u64,
+            barrier.given_up() - 1 + barrier.awaited() as u64,
+            "every check asked again is given up or still awaited"
+        );
     }
 }
