@@ -37,6 +37,42 @@ const INGEST_HEAD: &str = "@ingest";
 
 pub struct RedbStore {
     database: Database,
+    group: GroupCommit,
+}
+
+/// Write batches committed together (group commit). redb has one writer: committers that arrive while
+/// a transaction is open queue their batches, and the next leader writes all of them in one
+/// transaction with one fsync. Measured before (serve benchmark): each of the three committers — two
+/// processing threads and the statement connector — spent about half of its commit time waiting for
+/// the writer, ≈ 1 s each over the run. Every batch is still all-or-nothing (a group is one
+/// transaction), and batches are applied in arrival order, so one committer's batches keep theirs.
+#[derive(Default)]
+struct GroupCommit {
+    state: std::sync::Mutex<GroupState>,
+    written: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GroupState {
+    /// Batches waiting for the next group, by ticket.
+    queue: Vec<(u64, WriteBatch)>,
+    /// The last ticket handed out.
+    last_ticket: u64,
+    /// Every ticket up to this one is written (or failed).
+    written_through: u64,
+    /// A leader is writing a group.
+    writing: bool,
+    /// Groups that failed, as (first ticket, last ticket, error), the latest [`FAILED_GROUPS_MAX`].
+    failed: std::collections::VecDeque<(u64, u64, String)>,
+}
+
+/// Failed groups remembered for their waiting committers (a failure stops the service).
+const FAILED_GROUPS_MAX: usize = 16;
+/// Batches one group takes at most (the rest wait for the next).
+const GROUP_BATCHES_MAX: usize = 64;
+
+fn lock(group: &GroupCommit) -> std::sync::MutexGuard<'_, GroupState> {
+    group.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn fatal(error: impl std::fmt::Display) -> RuntimeError {
@@ -58,7 +94,33 @@ impl RedbStore {
             transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
         }
         transaction.commit().map_err(fatal)?;
-        Ok(RedbStore { database })
+        Ok(RedbStore { database, group: GroupCommit::default() })
+    }
+
+    /// Writes batches in one transaction, in order: each batch's appends, then its consumer offsets.
+    fn write_group(&self, batches: impl Iterator<Item = WriteBatch>) -> Result<(), RuntimeError> {
+        let transaction = self.database.begin_write().map_err(fatal)?;
+        {
+            let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            let mut offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
+            let mut appender = Appender::new(&transaction);
+            for batch in batches {
+                for (log, bytes) in &batch.appends {
+                    appender.append(&heads, log, bytes)?;
+                }
+                for (consumer, next) in &batch.offsets {
+                    let previous = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
+                    // Offsets only move forward: a stale commit would replay records twice. An error,
+                    // not a panic: a leader that panicked would leave the group's other committers waiting.
+                    if *next < previous {
+                        return Err(fatal(format!("consumer {consumer} moved back from {previous} to {next}")));
+                    }
+                    offsets.insert(consumer.as_str(), *next).map_err(fatal)?;
+                }
+            }
+            appender.finish(&mut heads)?;
+        }
+        transaction.commit().map_err(fatal)
     }
 
     /// Records appended to each (log, consumer) pair's log and not yet consumed, summed, read in one
@@ -214,23 +276,46 @@ impl Store for RedbStore {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
-        let transaction = self.database.begin_write().map_err(fatal)?;
-        {
-            let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
-            let mut appender = Appender::new(&transaction);
-            for (log, bytes) in &batch.appends {
-                appender.append(&heads, log, bytes)?;
+        let mut state = lock(&self.group);
+        state.last_ticket += 1;
+        let ticket = state.last_ticket;
+        state.queue.push((ticket, batch));
+        loop {
+            if state.written_through >= ticket {
+                let failed = state.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket));
+                return match failed {
+                    Some((_, _, error)) => Err(RuntimeError::Fatal(error.clone())),
+                    None => Ok(()),
+                };
             }
-            appender.finish(&mut heads)?;
-            let mut offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
-            for (consumer, next) in &batch.offsets {
-                let previous = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
-                // Offsets only move forward: a stale commit would replay records twice.
-                assert!(*next >= previous, "consumer {consumer} moved back from {previous} to {next}");
-                offsets.insert(consumer.as_str(), *next).map_err(fatal)?;
+            if state.writing {
+                state = self.group.written.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
             }
+            // Lead a group: the queue up to the bound, ours among it (it waited behind at most earlier
+            // groups' batches, which were written first).
+            state.writing = true;
+            let taken = state.queue.len().min(GROUP_BATCHES_MAX);
+            let group: Vec<(u64, WriteBatch)> = state.queue.drain(..taken).collect();
+            drop(state);
+            let (first, last) = (group[0].0, group[group.len() - 1].0);
+            debug_assert!(group.windows(2).all(|pair| pair[0].0 < pair[1].0), "tickets in order");
+            // A panic (a bug) must still release the committers waiting for this group.
+            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.write_group(group.into_iter().map(|(_, batch)| batch))
+            }))
+            .unwrap_or_else(|_| Err(fatal("writing a group of batches panicked")));
+            state = lock(&self.group);
+            state.writing = false;
+            state.written_through = last;
+            if let Err(error) = written {
+                state.failed.push_back((first, last, error.to_string()));
+                if state.failed.len() > FAILED_GROUPS_MAX {
+                    state.failed.pop_front();
+                }
+            }
+            self.group.written.notify_all();
         }
-        transaction.commit().map_err(fatal)
     }
 
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
@@ -413,6 +498,71 @@ mod tests {
             }
         }
         assert!(store.read("never-appended", 0, 10).expect("read").is_empty());
+    }
+
+    #[test]
+    fn concurrent_commits_keep_each_committers_order_and_lose_nothing() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let (committers, batches) = (4usize, 60usize);
+        std::thread::scope(|scope| {
+            for committer in 0..committers {
+                let store = &store;
+                scope.spawn(move || {
+                    for batch_number in 0..batches {
+                        let mut batch = WriteBatch::default();
+                        for record in 0..2 {
+                            let bytes = format!("{committer}:{batch_number}:{record}").into_bytes();
+                            batch.appends.push((format!("own-{committer}"), bytes));
+                        }
+                        batch.appends.push(("shared".to_string(), format!("{committer}:{batch_number}").into_bytes()));
+                        batch.offsets.push((format!("consumer-{committer}"), batch_number as u64 + 1));
+                        store.commit(batch).expect("committed");
+                    }
+                });
+            }
+        });
+        let text = |records: Vec<(u64, Vec<u8>)>| -> Vec<String> {
+            records.into_iter().map(|(_, bytes)| String::from_utf8(bytes).expect("UTF-8")).collect()
+        };
+        for committer in 0..committers {
+            let own = text(store.read(&format!("own-{committer}"), 0, 10_000).expect("read"));
+            let expected: Vec<String> = (0..batches)
+                .flat_map(|batch_number| (0..2).map(move |record| format!("{committer}:{batch_number}:{record}")))
+                .collect();
+            assert_eq!(own, expected, "committer {committer}'s log");
+            assert_eq!(store.committed(&format!("consumer-{committer}")).expect("an offset"), batches as u64);
+        }
+        let shared = text(store.read("shared", 0, 10_000).expect("read"));
+        assert_eq!(shared.len(), committers * batches);
+        for committer in 0..committers {
+            let mine: Vec<&String> =
+                shared.iter().filter(|record| record.starts_with(&format!("{committer}:"))).collect();
+            let expected: Vec<String> =
+                (0..batches).map(|batch_number| format!("{committer}:{batch_number}")).collect();
+            assert_eq!(mine, expected.iter().collect::<Vec<_>>(), "committer {committer}'s order in the shared log");
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_appends_nothing_and_the_next_one_goes_through() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let batch = |log: &str, offset: u64| WriteBatch {
+            appends: vec![(log.to_string(), b"{}".to_vec())],
+            offsets: vec![("consumer".to_string(), offset)],
+            ..WriteBatch::default()
+        };
+        store.commit(batch("first", 10)).expect("committed");
+        let moved_back = store.commit(batch("second", 5));
+        assert!(
+            matches!(&moved_back, Err(RuntimeError::Fatal(message)) if message.contains("moved back")),
+            "{moved_back:?}"
+        );
+        assert_eq!(store.head("second").expect("a head"), 0, "nothing of the failed batch was appended");
+        assert_eq!(store.committed("consumer").expect("an offset"), 10);
+        store.commit(batch("third", 11)).expect("the store still commits");
+        assert_eq!((store.head("third").expect("a head"), store.committed("consumer").expect("an offset")), (1, 11));
     }
 
     #[test]
