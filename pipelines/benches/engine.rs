@@ -39,14 +39,7 @@ fn replay(inputs: Vec<Input>) -> (Engine, usize) {
 
 /// What the workload did, to show it exercises matching, closes and bans (printed once).
 fn describe(inputs: Vec<Input>) -> String {
-    let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
-    let last = inputs.last().map(|input| input.at);
-    for input in inputs {
-        engine.apply(input);
-    }
-    if let Some(last) = last {
-        engine.advance_to(last);
-    }
+    let engine = pipelines::replay::run(pipelines::replay::Scenario { config: Config::default(), inputs });
     let mut states = std::collections::BTreeMap::new();
     for order in engine.orders.orders.values() {
         *states.entry(format!("{:?} {:?}", order.kind, order.state)).or_insert(0usize) += 1;

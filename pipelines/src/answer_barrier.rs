@@ -81,7 +81,7 @@ impl AnswerBarrier {
                 return Some(record);
             }
         }
-        if self.held.is_empty() && !self.is_behind_barrier(record.at) {
+        if self.held.is_empty() && !self.blocks(record.at) {
             return Some(record);
         }
         self.held.push_back(record);
@@ -91,25 +91,20 @@ impl AnswerBarrier {
     /// The next held record that may be applied now (call after each record applied, until None).
     pub fn release(&mut self) -> Option<StageRecord> {
         let front_at = self.held.front()?.at;
-        while self.held.len() > HELD_RECORDS_MAX && self.is_behind_barrier(front_at) {
+        while self.held.len() > HELD_RECORDS_MAX && self.blocks(front_at) {
             self.give_up_first_awaited();
         }
-        if self.is_behind_barrier(front_at) {
+        if self.blocks(front_at) {
             return None;
         }
         self.held.pop_front()
-    }
-
-    /// Whether a record stamped `at` must wait for an awaited answer.
-    pub fn blocks(&self, at: Timestamp) -> bool {
-        self.is_behind_barrier(at)
     }
 
     /// Holds, first of all held records, one whose application a timer stopped: a timer due before it
     /// asked a crawl whose answer is stamped before it too (see `StagePartition::apply`). It was next
     /// in log order (admitted with nothing held, or released from the front), so it goes back first.
     pub fn hold_first(&mut self, record: StageRecord) {
-        debug_assert!(self.is_behind_barrier(record.at), "held without an answer to wait for");
+        debug_assert!(self.blocks(record.at), "held without an answer to wait for");
         self.held.push_front(record);
     }
 
@@ -130,7 +125,7 @@ impl AnswerBarrier {
 
     /// Whether a record stamped `at` must wait: an awaited answer is stamped before it. One stamped at
     /// the answer's time exactly goes first, as an input does before a timer due at its time (SPEC §3).
-    fn is_behind_barrier(&self, at: Timestamp) -> bool {
+    pub fn blocks(&self, at: Timestamp) -> bool {
         self.awaited_by_time.first().is_some_and(|(answer_at, _)| *answer_at < at)
     }
 

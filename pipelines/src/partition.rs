@@ -479,11 +479,11 @@ impl StagePartition {
             }
         }
         self.records_applied += 1;
-        let admitted = match self.answer_barrier.as_mut() {
-            Some(barrier) => barrier.admit(record),
+        // Held past the bound, the record may still release an earlier one (an answer given up).
+        let mut next = match self.answer_barrier.as_mut() {
+            Some(barrier) => barrier.admit(record).or_else(|| barrier.release()),
             None => Some(record),
         };
-        let mut next = admitted.or_else(|| self.answer_barrier.as_mut().and_then(AnswerBarrier::release));
         while let Some(record) = next {
             if let Some(stopped) = self.apply_now(record, produced) {
                 if let Some(barrier) = self.answer_barrier.as_mut() {
@@ -502,11 +502,9 @@ impl StagePartition {
     /// waits for it like any record behind the barrier. Timers fired before the stop stay fired.
     fn apply_now(&mut self, record: StageRecord, produced: &mut Produced) -> Option<StageRecord> {
         let at = record.at;
-        let timers_done = match &record.body {
-            RecordBody::Message { .. } => self.fire_timers(|due| due < at, at, produced),
-            RecordBody::Tick => self.fire_timers(|due| due <= at, at, produced),
-        };
-        if !timers_done {
+        // A tick fires the timers due at its time too; an input goes before them (SPEC §3).
+        let fires_due_at = matches!(record.body, RecordBody::Tick);
+        if !self.fire_timers(at, fires_due_at, produced) {
             return Some(record);
         }
         let first_output = produced.outputs.len();
@@ -526,17 +524,12 @@ impl StagePartition {
         (kind, partition_of(key, self.partitions))
     }
 
-    /// Fires timers in (due, creation) order while `is_due(due)` (SPEC §3), for a record stamped
-    /// `record_at`. With an answer barrier, stops (returns false) once a fired timer has asked a crawl
-    /// whose answer the record must wait for.
-    fn fire_timers(
-        &mut self,
-        is_due: impl Fn(Timestamp) -> bool,
-        record_at: Timestamp,
-        produced: &mut Produced,
-    ) -> bool {
+    /// Fires, in (due, creation) order (SPEC §3), the timers due before a record stamped `record_at`
+    /// (and those due at it, if `fires_due_at`). With an answer barrier, stops (returns false) once a
+    /// fired timer has asked a crawl whose answer the record must wait for.
+    fn fire_timers(&mut self, record_at: Timestamp, fires_due_at: bool, produced: &mut Produced) -> bool {
         while let Some((due, _)) = self.timers.first_key() {
-            if !is_due(due) {
+            if due > record_at || (due == record_at && !fires_due_at) {
                 break;
             }
             let Some((_, timer)) = self.timers.pop_first() else {
@@ -705,18 +698,13 @@ mod tests {
         partition.apply(accepted(0), &mut produced);
         let due = Timestamp::parse("2026-03-02T09:10:00Z").expect("a time");
         assert_eq!(partition.next_timer_due(), Some(due), "R-EXP-1 expiry timer");
-        let tick = |offset, at| StageRecord {
-            id: RecordId { source: "ticker".into(), offset, index: 0 },
-            at,
-            body: RecordBody::Tick,
-        };
         produced.clear();
-        partition.apply(tick(1, Timestamp::parse("2026-03-02T09:09:59Z").expect("a time")), &mut produced);
+        partition.apply(tick(Timestamp::parse("2026-03-02T09:09:59Z").expect("a time"), 1), &mut produced);
         assert_eq!(partition.next_timer_due(), Some(due), "not due yet");
-        partition.apply(tick(2, due), &mut produced);
+        partition.apply(tick(due, 2), &mut produced);
         assert_eq!(partition.next_timer_due(), None, "a tick fires timers due at its time");
         assert!(produced.outputs.iter().any(|output| output.at == due), "the expiry acts at its due time");
-        partition.apply(tick(3, Timestamp::parse("2026-03-02T09:20:00Z").expect("a time")), &mut produced);
+        partition.apply(tick(Timestamp::parse("2026-03-02T09:20:00Z").expect("a time"), 3), &mut produced);
         assert_eq!(partition.clock(), Timestamp::parse("2026-03-02T09:20:00Z").expect("a time"));
     }
 
@@ -812,6 +800,32 @@ mod tests {
         outputs.iter().map(|output| serde_json::to_string(output).expect("serializes")).collect()
     }
 
+    fn tick(at: Timestamp, offset: u64) -> StageRecord {
+        StageRecord { id: RecordId { source: "ticker".into(), offset, index: 0 }, at, body: RecordBody::Tick }
+    }
+
+    fn state_text(partition: &StagePartition) -> String {
+        serde_json::to_string(partition.state()).expect("serializes")
+    }
+
+    /// The recharge is held for one awaited answer, and no tick is asked for meanwhile.
+    fn assert_waits_for_one_answer(waiting: &StagePartition) {
+        assert_eq!(agent(waiting, "u1").available.to_string(), "0.00", "the recharge is not applied yet");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
+        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
+    }
+
+    /// `waiting` ended as `in_order` (replay's order): the same outputs and state, the recharge applied,
+    /// nothing held or awaited, no answer given up.
+    fn assert_ends_as(waiting: &StagePartition, produced: &Produced, in_order: &StagePartition, expected: &Produced) {
+        assert_eq!(outputs_text(&produced.outputs), outputs_text(&expected.outputs));
+        assert_eq!(agent(waiting, "u1").available.to_string(), "500.00");
+        let barrier = waiting.answer_barrier().expect("a barrier");
+        assert_eq!((barrier.held(), barrier.awaited(), barrier.given_up()), (0, 0, 0));
+        assert_eq!(state_text(waiting), state_text(in_order), "the same state as in replay's order");
+    }
+
     #[test]
     fn a_partition_with_the_answer_barrier_waits_for_the_answer_in_flight() {
         // In log order (answer first) without a barrier: what replay does.
@@ -828,17 +842,9 @@ mod tests {
         let mut produced = Produced::default();
         assert_eq!(waiting.apply(record(RECHARGED_LATER, 3), &mut produced), Applied::Applied);
         assert!(produced.outputs.is_empty(), "held, so no timeout fired: {:?}", produced.outputs);
-        assert_eq!(agent(&waiting, "u1").available.to_string(), "0.00", "the recharge is not applied yet");
-        let barrier = waiting.answer_barrier().expect("a barrier");
-        assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
-        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
+        assert_waits_for_one_answer(&waiting);
         waiting.apply(answer(&request, asked_at, 0), &mut produced);
-        assert_eq!(outputs_text(&produced.outputs), outputs_text(&expected.outputs));
-        assert_eq!(agent(&waiting, "u1").available.to_string(), "500.00");
-        let barrier = waiting.answer_barrier().expect("a barrier");
-        assert_eq!((barrier.held(), barrier.awaited(), barrier.given_up()), (0, 0, 0));
-        let state = |partition: &StagePartition| serde_json::to_string(partition.state()).expect("serializes");
-        assert_eq!(state(&waiting), state(&in_order), "the same state as in log order");
+        assert_ends_as(&waiting, &produced, &in_order, &expected);
         assert_eq!(waiting.next_timer_due(), in_order.next_timer_due());
 
         // Without the barrier the timeout fires first, the check is asked again and the answer is stale.
@@ -856,11 +862,6 @@ mod tests {
         // fires that timer when it is applied; in replay the check's answer (1 s after) comes before
         // the check's timeout and before the record, so the record must wait for it.
         let busy = Some(crate::input::CrawlError::UpstreamBusy);
-        let tick = |at: Timestamp, offset: u64| StageRecord {
-            id: RecordId { source: "ticker".into(), offset, index: 0 },
-            at,
-            body: RecordBody::Tick,
-        };
 
         // Replay's order: a tick at the retry's time asks the check, its answer, then the record.
         let mut in_order = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
@@ -883,17 +884,9 @@ mod tests {
         waiting.apply(answer_with(&request, asked_at, 0, busy), &mut produced);
         waiting.apply(record(RECHARGED_LATER, 3), &mut produced);
         assert_eq!(crawl_requests(&produced.outputs), retries, "the retry is asked, its timeout not fired");
-        assert_eq!(agent(&waiting, "u1").available.to_string(), "0.00", "the record waits");
-        let barrier = waiting.answer_barrier().expect("a barrier");
-        assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
-        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
+        assert_waits_for_one_answer(&waiting);
         waiting.apply(answer(&retry, retried_at, 1), &mut produced);
-        assert_eq!(outputs_text(&produced.outputs), outputs_text(&expected.outputs));
-        let state = |partition: &StagePartition| serde_json::to_string(partition.state()).expect("serializes");
-        assert_eq!(state(&waiting), state(&in_order), "the same state as in replay's order");
-        assert_eq!(agent(&waiting, "u1").available.to_string(), "500.00");
-        let barrier = waiting.answer_barrier().expect("a barrier");
-        assert_eq!((barrier.held(), barrier.awaited(), barrier.given_up()), (0, 0, 0));
+        assert_ends_as(&waiting, &produced, &in_order, &expected);
     }
 
     #[test]
@@ -919,17 +912,13 @@ mod tests {
         asked_check(&mut partition);
         let mut produced = Produced::default();
         let start = Timestamp::parse("2026-03-02T09:05:00Z").expect("a time");
-        let tick = |offset: usize| StageRecord {
-            id: RecordId { source: "ticker".into(), offset: offset as u64, index: 0 },
-            at: start.plus_seconds(offset as i64),
-            body: RecordBody::Tick,
-        };
+        let tick_at = |offset: usize| tick(start.plus_seconds(offset as i64), offset as u64);
         for offset in 0..crate::answer_barrier::HELD_RECORDS_MAX {
-            partition.apply(tick(offset), &mut produced);
+            partition.apply(tick_at(offset), &mut produced);
         }
         assert_eq!(partition.answer_barrier().map(AnswerBarrier::held), Some(crate::answer_barrier::HELD_RECORDS_MAX));
         assert!(produced.outputs.is_empty());
-        partition.apply(tick(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
+        partition.apply(tick_at(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
         let barrier = partition.answer_barrier().expect("a barrier");
         assert!(barrier.held() <= crate::answer_barrier::HELD_RECORDS_MAX, "bounded");
         // The released tick fired the crawl's timeout, as without the barrier (R-CHK-1), and the retry

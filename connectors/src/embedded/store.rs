@@ -66,6 +66,17 @@ struct GroupState {
     failed: std::collections::VecDeque<(u64, u64, String)>,
 }
 
+impl GroupState {
+    /// How the group that wrote `ticket` ended.
+    fn outcome(&self, ticket: u64) -> Result<(), RuntimeError> {
+        debug_assert!(ticket <= self.written_through, "asked before the ticket's group was written");
+        match self.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
+            Some((_, _, error)) => Err(RuntimeError::Fatal(error.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Failed groups remembered for their waiting committers (a failure stops the service).
 const FAILED_GROUPS_MAX: usize = 16;
 /// Batches one group takes at most (the rest wait for the next).
@@ -95,6 +106,37 @@ impl RedbStore {
         }
         transaction.commit().map_err(fatal)?;
         Ok(RedbStore { database, group: GroupCommit::default() })
+    }
+
+    /// Writes the queued batches (at most [`GROUP_BATCHES_MAX`]) as one group, without the lock
+    /// meanwhile, then wakes the committers waiting for them. The caller's batch is among them: it
+    /// waited behind at most earlier groups' batches, which were written first.
+    fn lead_group<'a>(
+        &'a self,
+        mut state: std::sync::MutexGuard<'a, GroupState>,
+    ) -> std::sync::MutexGuard<'a, GroupState> {
+        state.writing = true;
+        let taken = state.queue.len().min(GROUP_BATCHES_MAX);
+        let group: Vec<(u64, WriteBatch)> = state.queue.drain(..taken).collect();
+        drop(state);
+        let (first, last) = (group[0].0, group[group.len() - 1].0);
+        debug_assert!(group.windows(2).all(|pair| pair[0].0 < pair[1].0), "tickets in order");
+        // A panic (a bug) must still release the committers waiting for this group.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.write_group(group.into_iter().map(|(_, batch)| batch))
+        }))
+        .unwrap_or_else(|_| Err(fatal("writing a group of batches panicked")));
+        let mut state = lock(&self.group);
+        state.writing = false;
+        state.written_through = last;
+        if let Err(error) = written {
+            state.failed.push_back((first, last, error.to_string()));
+            if state.failed.len() > FAILED_GROUPS_MAX {
+                state.failed.pop_front();
+            }
+        }
+        self.group.written.notify_all();
+        state
     }
 
     /// Writes batches in one transaction, in order: each batch's appends, then its consumer offsets.
@@ -280,42 +322,14 @@ impl Store for RedbStore {
         state.last_ticket += 1;
         let ticket = state.last_ticket;
         state.queue.push((ticket, batch));
-        loop {
-            if state.written_through >= ticket {
-                let failed = state.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket));
-                return match failed {
-                    Some((_, _, error)) => Err(RuntimeError::Fatal(error.clone())),
-                    None => Ok(()),
-                };
-            }
-            if state.writing {
-                state = self.group.written.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
-                continue;
-            }
-            // Lead a group: the queue up to the bound, ours among it (it waited behind at most earlier
-            // groups' batches, which were written first).
-            state.writing = true;
-            let taken = state.queue.len().min(GROUP_BATCHES_MAX);
-            let group: Vec<(u64, WriteBatch)> = state.queue.drain(..taken).collect();
-            drop(state);
-            let (first, last) = (group[0].0, group[group.len() - 1].0);
-            debug_assert!(group.windows(2).all(|pair| pair[0].0 < pair[1].0), "tickets in order");
-            // A panic (a bug) must still release the committers waiting for this group.
-            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.write_group(group.into_iter().map(|(_, batch)| batch))
-            }))
-            .unwrap_or_else(|_| Err(fatal("writing a group of batches panicked")));
-            state = lock(&self.group);
-            state.writing = false;
-            state.written_through = last;
-            if let Err(error) = written {
-                state.failed.push_back((first, last, error.to_string()));
-                if state.failed.len() > FAILED_GROUPS_MAX {
-                    state.failed.pop_front();
-                }
-            }
-            self.group.written.notify_all();
+        while state.written_through < ticket {
+            state = if state.writing {
+                self.group.written.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
+            } else {
+                self.lead_group(state)
+            };
         }
+        state.outcome(ticket)
     }
 
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
