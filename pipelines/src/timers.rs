@@ -39,7 +39,7 @@ impl<T> Bucket<T> {
     fn sort(&mut self) {
         if !self.sorted {
             // Keys are unique, so an unstable sort is deterministic.
-            self.entries.sort_unstable_by(|left, right| right.0.cmp(&left.0));
+            self.entries.sort_unstable_by_key(|(key, _)| std::cmp::Reverse(*key));
             self.sorted = true;
         }
     }
