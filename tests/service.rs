@@ -159,12 +159,20 @@ fn post_event(serve: &str, wallet_sim: &str, event: &Value) {
 }
 
 fn scenario_events() -> Vec<Value> {
-    let text = std::fs::read_to_string(scenario_path()).expect("the scenario");
+    events_of(&scenario_path())
+}
+
+fn events_of(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("the scenario");
     text.lines().filter(|line| !line.trim().is_empty()).map(|line| serde_json::from_str(line).expect("JSON")).collect()
 }
 
 fn replay_document() -> Value {
-    let text = std::fs::read_to_string(scenario_path()).expect("the scenario");
+    replay_of(&scenario_path())
+}
+
+fn replay_of(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("the scenario");
     let document = pipelines::replay::replay_to_json(&text).expect("the scenario replays");
     serde_json::from_str(&document).expect("JSON")
 }
@@ -221,6 +229,30 @@ fn the_api_answers_what_replay_computes() {
     let merchant = admin_get(&serve.base, "/v1/merchants/m1/balance");
     assert_eq!(merchant["available"], replayed["merchants"]["m1"]["available"]);
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);
+}
+
+/// The simulator's wallet events all posted first, so its event clock starts at the scenario's end. The
+/// connector asks each answer as of its event time (the `paisa-as-of` header), so the state is still
+/// replay's: o1's check at 09:02:10 must not see p1's payment (09:02:30, posted at 09:02:40), or p1
+/// would succeed before its `payment_confirmed`, which would then be refused (checked: it fails so
+/// without the header).
+#[test]
+fn answers_as_of_their_event_time_when_the_statements_are_posted_first() {
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/service/statements_first.jsonl");
+    let wallet_sim = start_wallet_sim();
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let serve = start_serve(data_dir.path(), &wallet_sim.base);
+    let (wallet, others): (Vec<Value>, Vec<Value>) = events_of(&scenario)
+        .into_iter()
+        .partition(|event| event["type"].as_str().is_some_and(|kind| kind.starts_with("wallet_")));
+    assert!(!wallet.is_empty() && !others.is_empty(), "the scenario has both kinds of events");
+    for event in wallet.iter().chain(&others) {
+        post_event(&serve.base, &wallet_sim.base, event);
+        wait_quiescent(&serve.base);
+    }
+    let replayed = replay_of(&scenario);
+    assert_eq!(replayed["orders"]["p1"]["state"], "success", "the scenario pays p1 after its confirmation");
+    assert_same_state(admin_get(&serve.base, "/v1/admin/snapshot"), replayed);
 }
 
 /// Issue 4: the same pipeline on Kafka (librdkafka's mock cluster, in the server's process): every

@@ -94,10 +94,12 @@ async fn ask_batch(
         }
     }
     let mut calls = tokio::task::JoinSet::new();
-    for (index, (_, _, request)) in requests.iter().enumerate() {
+    for (index, (_, requested_at, request)) in requests.iter().enumerate() {
         let connector = Arc::clone(connector);
         let request = request.clone();
-        calls.spawn(async move { (index, connector.crawl(&request).await) });
+        // On the event clock the provider answers as of the answer's event time (replay's answer).
+        let as_of = (embedded.config().clock == ClockMode::Event).then(|| answer_time(embedded, *requested_at));
+        calls.spawn(async move { (index, connector.crawl_as_of(&request, as_of).await) });
     }
     let mut results = vec![None; requests.len()];
     while let Some(joined) = calls.join_next().await {

@@ -18,6 +18,12 @@ mod config;
 mod source;
 
 pub use config::StatementConfig;
+
+/// Request header naming the event time a provider answer stands for (RFC 3339), sent only on the
+/// event clock: `paisa wallet-sim` then answers as of that time at the latest, as replay's provider
+/// does (SPEC §9), however far ahead of the pipeline its wallet events were posted. Not part of SPEC
+/// §10: a real provider ignores a header it does not know and answers as of its own clock.
+pub const AS_OF_HEADER: &str = "paisa-as-of";
 pub use source::{ConnectorError, StatementConnector, RESPONSE_BYTES_MAX};
 
 #[cfg(test)]

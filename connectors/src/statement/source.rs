@@ -113,18 +113,24 @@ impl StatementConnector {
 
     /// Asks the provider once and answers with a `crawl_result` for `request`; never fails.
     pub async fn crawl(&self, request: &CrawlRequested) -> CrawlResult {
-        let answer = match self.answer(request).await {
+        self.crawl_as_of(request, None).await
+    }
+
+    /// The same, asking for the answer as of `as_of` at the latest ([`super::AS_OF_HEADER`], event
+    /// clock only).
+    pub async fn crawl_as_of(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> CrawlResult {
+        let answer = match self.answer(request, as_of).await {
             Ok((lines, next_from)) => pipelines::wallet_sim::Answer::Page { lines, next_from },
             Err(error) => pipelines::wallet_sim::Answer::Error(error),
         };
         answer.into_result(request)
     }
 
-    async fn answer(&self, request: &CrawlRequested) -> Result<Answer, CrawlError> {
+    async fn answer(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> Result<Answer, CrawlError> {
         let plan = self.plan(request)?;
         // The semaphore is never closed, so acquiring only fails if that invariant is broken.
         let _permit = self.slots[provider_slot(request.provider)].acquire().await.map_err(|_| plan.call.failure())?;
-        let body = self.fetch(&plan, request).await?;
+        let body = self.fetch(&plan, request, as_of).await?;
         parse_answer(&plan, request, &body)
     }
 
@@ -158,9 +164,18 @@ impl StatementConnector {
     }
 
     /// One GET; the body of a 200, or the error its status or failure means.
-    async fn fetch(&self, plan: &Plan, request: &CrawlRequested) -> Result<Vec<u8>, CrawlError> {
+    async fn fetch(
+        &self,
+        plan: &Plan,
+        request: &CrawlRequested,
+        as_of: Option<Timestamp>,
+    ) -> Result<Vec<u8>, CrawlError> {
         let request_id = &request.request_id;
-        let response = self.client.get(&plan.url).send().await.map_err(|error| {
+        let mut call = self.client.get(&plan.url);
+        if let Some(as_of) = as_of {
+            call = call.header(super::AS_OF_HEADER, as_of.to_string());
+        }
+        let response = call.send().await.map_err(|error| {
             tracing::warn!(%request_id, url = %plan.url, timeout = error.is_timeout(), "provider call failed: {error}");
             plan.call.failure()
         })?;

@@ -168,6 +168,27 @@ async fn a_descending_page_equals_replays_answer() {
     assert_eq!((result.lines.len(), result.next_from), (5, None));
 }
 
+/// On the event clock the connector asks for each answer as of its event time (`paisa-as-of`): the
+/// simulator then answers as replay's provider did at that time, though later events were posted.
+#[tokio::test]
+async fn an_answer_as_of_an_earlier_time_equals_replays_answer_then() {
+    let sim = start_sim(SimClock::Event).await;
+    let events = statement_events();
+    sim.post_events(&Value::Array(events.clone())).await;
+    let connector = sim.connector(|_| {});
+    let request = list("c1", Some(PageOrder::Desc), None, Some(50));
+    let (replay, _) = replay_sim(&events[..3]);
+    let result = connector.crawl_as_of(&request, Some(at(150))).await;
+    assert_eq!(result, replay.result(&request, at(150)));
+    let txn_ids: Vec<&str> = result.lines.iter().map(|line| line.txn_id.as_str()).collect();
+    assert_eq!(txn_ids, ["t2", "t1", "t0"], "lines added after 150 s are not shown");
+    let (_, now) = replay_sim(&events);
+    let later = connector.crawl_as_of(&request, Some(at(3_600))).await;
+    assert_eq!(later.lines.len(), 5, "never later than the clock ({now}): the future line stays hidden");
+    let detail_then = connector.crawl_as_of(&detail("c1", "t4"), Some(at(150))).await;
+    assert_error(&detail_then, CrawlError::DetailUnavailable);
+}
+
 #[tokio::test]
 async fn only_detail_answers_carry_the_payee_ifsc() {
     let sim = start_sim(SimClock::Event).await;

@@ -1,10 +1,11 @@
 //! The wallet simulator's HTTP server (axum): shared state, routes and their handlers.
 
 use super::{SimClock, WalletSimServerConfig};
+use crate::statement::AS_OF_HEADER;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -341,15 +342,26 @@ fn sim_request(card_id: String, mode: CrawlMode, query: ListQuery, txn_id: Optio
     }
 }
 
-/// Waits the card's latency, then answers `request` at the clock's time.
-async fn answer(state: &WalletSimState, request: CrawlRequested) -> Response {
+/// The time a request asks its answer for ([`AS_OF_HEADER`]), if it names one; a 400 naming the header
+/// if it is not an RFC 3339 time.
+fn as_of(headers: &HeaderMap) -> Result<Option<Timestamp>, ApiError> {
+    let Some(value) = headers.get(AS_OF_HEADER) else { return Ok(None) };
+    let time = value.to_str().ok().and_then(Timestamp::parse);
+    let message = || format!("header `{AS_OF_HEADER}` must be an RFC 3339 time");
+    time.map(Some).ok_or_else(|| ApiError::bad_request("invalid_header", message()).field(Some(AS_OF_HEADER.into())))
+}
+
+/// Waits the card's latency, then answers `request` at the clock's time, or as of `as_of` if that is
+/// earlier (never later than the clock: what has not been posted cannot be shown).
+async fn answer(state: &WalletSimState, request: CrawlRequested, as_of: Option<Timestamp>) -> Response {
     let _in_flight = state.enter();
     let delay = state.latency_of(&request.card_id);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     // Before any event on an event clock nothing is visible: the earliest time shows nothing posted.
-    let now = state.now().unwrap_or(Timestamp::from_millis(i64::MIN));
+    let clock = state.now().unwrap_or(Timestamp::from_millis(i64::MIN));
+    let now = as_of.map_or(clock, |as_of| as_of.min(clock));
     let answer = lock(&state.inner.wallets).sim.answer(&request, now);
     match answer {
         Answer::Page { lines, next_from } => Json(PageBody { transactions: &lines, next_from }).into_response(),
@@ -360,12 +372,17 @@ async fn answer(state: &WalletSimState, request: CrawlRequested) -> Response {
 
 async fn list_transactions(
     State(state): State<WalletSimState>,
+    headers: HeaderMap,
     card_id: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     let card_id = match card_id {
         Ok(Path(card_id)) => card_id,
         Err(rejection) => return ApiError::rejection(rejection.status(), rejection.body_text()).into_response(),
+    };
+    let as_of = match as_of(&headers) {
+        Ok(as_of) => as_of,
+        Err(error) => return error.into_response(),
     };
     let query = match query.map_err(|rejection| ApiError::bad_request("invalid_query", rejection.body_text())) {
         Ok(Query(pairs)) => list_query(pairs),
@@ -377,16 +394,22 @@ async fn list_transactions(
     };
     // The simulator pages by `order` alone; asc is how the pipeline asks phonepe cards (order_check).
     let mode = if query.order == Some(PageOrder::Asc) { CrawlMode::OrderCheck } else { CrawlMode::Reservoir };
-    answer(&state, sim_request(card_id, mode, query, None)).await
+    answer(&state, sim_request(card_id, mode, query, None), as_of).await
 }
 
 async fn transaction_detail(
     State(state): State<WalletSimState>,
+    headers: HeaderMap,
     ids: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
+    let as_of = match as_of(&headers) {
+        Ok(as_of) => as_of,
+        Err(error) => return error.into_response(),
+    };
     match ids {
         Ok(Path((card_id, txn_id))) => {
-            answer(&state, sim_request(card_id, CrawlMode::Detail, ListQuery::default(), Some(txn_id))).await
+            let request = sim_request(card_id, CrawlMode::Detail, ListQuery::default(), Some(txn_id));
+            answer(&state, request, as_of).await
         }
         Err(rejection) => ApiError::rejection(rejection.status(), rejection.body_text()).into_response(),
     }

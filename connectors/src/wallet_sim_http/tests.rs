@@ -89,6 +89,20 @@ async fn bad_query_parameters_are_refused_by_name() {
 }
 
 #[tokio::test]
+async fn an_as_of_header_that_is_not_a_time_is_refused_by_name() {
+    let server = start(SimClock::Event).await;
+    for path in ["/v1/cards/c1/transactions", "/v1/cards/c1/transactions/t1"] {
+        let url = format!("{}{path}", server.base_url);
+        let response = server.http.get(url).header("paisa-as-of", "yesterday").send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!((body["error"].as_str(), body["field"].as_str()), (Some("invalid_header"), Some("paisa-as-of")));
+    }
+    assert_eq!(server.state.stats().card_requests, 0, "a refused request was answered");
+}
+
+#[tokio::test]
 async fn faults_map_to_their_statuses() {
     let server = start(SimClock::Event).await;
     let fault = |fault: &str| json!({"type": "wallet_fault", "at": T0, "card_id": "c1", "fault": fault});
