@@ -1,10 +1,13 @@
 //! Due timers in firing order (SPEC §3: by due time, ties in creation order).
 //!
 //! Timers sit in buckets of one second of due time, in an ordered map of buckets. Only the earliest
-//! bucket is kept sorted (descending, so the next timer is at its end); a later bucket is a plain
-//! list, sorted once when it becomes the earliest. The engine only ever adds a timer and takes the
-//! earliest: adding is a push onto a bucket that is usually in cache, taking is a pop from the end of
-//! one, and timers stay inline in their bucket, read in the order they fire.
+//! bucket is kept sorted (ascending, in a deque, so the next timer is at its front); a later bucket is a
+//! plain list, sorted once when it becomes the earliest. The engine only ever adds a timer and takes
+//! the earliest: adding is a push onto a bucket that is usually in cache, taking is a pop from the
+//! front of one, and timers stay inline in their bucket, read in the order they fire. A timer added to
+//! the earliest bucket is inserted at its place; the deque shifts the shorter side, and a new timer
+//! usually falls due after most of the bucket's, so that is near the back. (A binary heap per bucket,
+//! logarithmic whatever the order, measured ≈ 3 % slower on the benchmark.)
 //!
 //! Measured on the engine benchmark, against the 4-ary heap this replaces (entries of key and slot, the
 //! timers in a slab): the heap's sift-down and the slab's random slot reads were ≈ 7 % of the time; an
@@ -14,7 +17,7 @@
 
 use crate::time::Timestamp;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// The firing position of a timer: its due time, then its creation number.
 pub type TimerKey = (Timestamp, u64);
@@ -30,8 +33,8 @@ fn bucket_of(due: Timestamp) -> i64 {
 /// The timers of one second of due time.
 #[derive(Clone, Debug)]
 struct Bucket<T> {
-    entries: Vec<(TimerKey, T)>,
-    /// `entries` is sorted by key, descending. Always true of the earliest bucket.
+    entries: VecDeque<(TimerKey, T)>,
+    /// `entries` is sorted by key, ascending. Always true of the earliest bucket.
     sorted: bool,
 }
 
@@ -39,7 +42,7 @@ impl<T> Bucket<T> {
     fn sort(&mut self) {
         if !self.sorted {
             // Keys are unique, so an unstable sort is deterministic.
-            self.entries.sort_unstable_by_key(|(key, _)| std::cmp::Reverse(*key));
+            self.entries.make_contiguous().sort_unstable_by_key(|(key, _)| *key);
             self.sorted = true;
         }
     }
@@ -47,11 +50,12 @@ impl<T> Bucket<T> {
     /// Adds an entry, keeping the order if the bucket is sorted.
     fn add(&mut self, key: TimerKey, timer: T) {
         if self.sorted {
-            // Descending: the entries greater than `key` come first.
-            let position = self.entries.partition_point(|(other, _)| *other > key);
+            // A deque shifts the shorter side; a new timer usually falls due after most of the bucket's,
+            // so it goes in at or near the back.
+            let position = self.entries.partition_point(|(other, _)| *other < key);
             self.entries.insert(position, (key, timer));
         } else {
-            self.entries.push((key, timer));
+            self.entries.push_back((key, timer));
         }
     }
 }
@@ -88,7 +92,8 @@ impl<T> TimerQueue<T> {
     pub fn insert(&mut self, key: TimerKey, timer: T) {
         let index = bucket_of(key.0);
         let becomes_first = self.buckets.first_key_value().is_none_or(|(first, _)| index < *first);
-        let bucket = self.buckets.entry(index).or_insert_with(|| Bucket { entries: Vec::new(), sorted: becomes_first });
+        let bucket =
+            self.buckets.entry(index).or_insert_with(|| Bucket { entries: VecDeque::new(), sorted: becomes_first });
         bucket.add(key, timer);
         self.len += 1;
         debug_assert!(self.buckets.first_key_value().is_some_and(|(_, first)| first.sorted));
@@ -98,14 +103,14 @@ impl<T> TimerQueue<T> {
     pub fn first_key(&self) -> Option<TimerKey> {
         let (_, first) = self.buckets.first_key_value()?;
         debug_assert!(first.sorted);
-        first.entries.last().map(|(key, _)| *key)
+        first.entries.front().map(|(key, _)| *key)
     }
 
     /// Takes the timer that fires next.
     pub fn pop_first(&mut self) -> Option<(TimerKey, T)> {
         let mut first = self.buckets.first_entry()?;
         debug_assert!(first.get().sorted);
-        let entry = first.get_mut().entries.pop();
+        let entry = first.get_mut().entries.pop_front();
         debug_assert!(entry.is_some(), "an empty bucket was kept");
         if first.get().entries.is_empty() {
             first.remove();
