@@ -486,6 +486,8 @@ impl StagePartition {
         };
         while let Some(record) = next {
             if let Some(stopped) = self.apply_now(record, produced) {
+                // Only the barrier stops a record (`fire_timers`), so it is there to hold it.
+                debug_assert!(self.answer_barrier.is_some(), "a record stopped without a barrier");
                 if let Some(barrier) = self.answer_barrier.as_mut() {
                     // Released again once its answer comes, or at once past the bound (an answer given up).
                     barrier.hold_first(stopped);

@@ -98,7 +98,7 @@ async fn ask_batch(
         let connector = Arc::clone(connector);
         let request = request.clone();
         // On the event clock the provider answers as of the answer's event time (replay's answer).
-        let as_of = (embedded.config().clock == ClockMode::Event).then(|| answer_time(embedded, *requested_at));
+        let as_of = event_answer_time(embedded, *requested_at);
         calls.spawn(async move { (index, connector.crawl_as_of(&request, as_of).await) });
     }
     let mut results = vec![None; requests.len()];
@@ -130,10 +130,13 @@ fn may_be_crawl_request(bytes: &[u8]) -> bool {
 /// When the answer happened: the wall clock, or (event clock) the request's time plus the configured
 /// provider latency, so an event-clock run answers at the same event time as replay (SPEC §9).
 fn answer_time(embedded: &Embedded, requested_at: Timestamp) -> Timestamp {
-    match embedded.config().clock {
-        ClockMode::System => system_now().max(requested_at),
-        ClockMode::Event => requested_at.plus_seconds(embedded.config().engine.crawl_latency_s),
-    }
+    event_answer_time(embedded, requested_at).unwrap_or_else(|| system_now().max(requested_at))
+}
+
+/// The answer's event time on the event clock (known before the call); None on the system clock.
+fn event_answer_time(embedded: &Embedded, requested_at: Timestamp) -> Option<Timestamp> {
+    let config = embedded.config();
+    (config.clock == ClockMode::Event).then(|| requested_at.plus_seconds(config.engine.crawl_latency_s))
 }
 
 fn answer_record(
