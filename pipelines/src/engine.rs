@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::{Output, OutputBody};
-use crate::partition::{route_input, Routed};
+use crate::partition::{input_key, route_input, InputKey, Routed};
 use crate::seen::SeenIds;
 use crate::stages::agent::AgentStage;
 use crate::stages::merchant::MerchantStage;
@@ -97,15 +97,45 @@ impl Engine {
     }
 
     /// Applies inputs in order, asking the CPU for what each will first read while the one before it is
-    /// applied (its event id's slot in the seen set, a table that outgrows the caches). The same as
-    /// `apply` on each, in answers and in state.
+    /// applied: its event id's slot in the seen set and the entry of the order, agent or card it is for
+    /// (tables that outgrow the caches). The same as `apply` on each, in answers and in state.
     pub fn apply_all(&mut self, inputs: impl IntoIterator<Item = Input>) {
         let mut inputs = inputs.into_iter().peekable();
         while let Some(input) = inputs.next() {
             if let Some(next) = inputs.peek() {
                 self.seen_event_ids.prefetch(&next.event_id);
+                self.announce_input(next);
             }
             self.apply(input);
+        }
+    }
+
+    /// Asks the CPU for the state entry `input` will be applied to (no effect on any answer).
+    fn announce_input(&self, input: &Input) {
+        match input_key(&input.command) {
+            InputKey::Order(order_id) => self.orders.orders.prefetch(order_id),
+            InputKey::Agent(user_id) => self.agents.agents.prefetch(user_id),
+            InputKey::Wallet(card_id) => {
+                if let Some(provider) = &self.provider {
+                    provider.prefetch(card_id);
+                }
+            }
+            // A few merchants, cached anyway; a tick reads no entry.
+            InputKey::Merchant(_) | InputKey::Broadcast => {}
+        }
+    }
+
+    /// Asks the CPU for the state entry `timer` will fire on (no effect on any answer).
+    fn announce_timer(&self, timer: &Timer) {
+        match timer {
+            Timer::Order { order_id, .. } => self.orders.orders.prefetch(order_id),
+            Timer::Agent { user_id, .. } => self.agents.agents.prefetch(user_id),
+            Timer::Provider(ProviderTimer::Answer(request)) => {
+                self.agents.agents.prefetch(&request.user_id);
+                if let Some(provider) = &self.provider {
+                    provider.prefetch(&request.card_id);
+                }
+            }
         }
     }
 
@@ -133,6 +163,11 @@ impl Engine {
         let Some(((due, _), timer)) = self.timers.pop_first() else {
             return;
         };
+        // The timer after this one is announced while this one fires. (Announcing one more ahead, and
+        // the next one's sub-order, measured no better.)
+        if let Some(next) = self.timers.first_value() {
+            self.announce_timer(next);
+        }
         // A timer acts, and stamps what it emits, at its due time (SPEC §3) — or at the clock, for one
         // that was created already overdue.
         self.clock = self.clock.max(due);

@@ -16,6 +16,7 @@ pub mod document;
 pub mod engine;
 pub mod input;
 pub mod invariants;
+pub mod keyed;
 pub mod money;
 pub mod output;
 pub mod partition;

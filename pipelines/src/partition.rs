@@ -87,45 +87,19 @@ pub enum Routed {
 /// Routes an input to the stage that owns it (SPEC §5 table).
 pub fn route_input(input: Input) -> Routed {
     let Input { event_id, command, .. } = input;
-    let key = match &command {
-        Command::Tick(_) => return Routed::Broadcast,
-        Command::WalletLine(_) | Command::WalletLineStatus(_) | Command::WalletFault(_) => {
-            return Routed::Wallet(command)
-        }
-        Command::MerchantRegistered(c) => Key::Merchant(&c.merchant_id),
-        Command::MerchantDeposit(c) => Key::Merchant(&c.merchant_id),
-        Command::UserRegistered(c) => Key::Agent(&c.user_id),
-        Command::CardBound(c) => Key::Agent(&c.user_id),
-        Command::UserRecharge(c) => Key::Agent(&c.user_id),
-        Command::UserAdjustment(c) => Key::Agent(&c.user_id),
-        Command::CrawlResult(c) => Key::Agent(&c.user_id),
-        Command::CardReauthenticated(c) => Key::Agent(&c.user_id),
-        Command::AdminUnban(c) => Key::Agent(&c.user_id),
-        Command::CollectionCreated(c) => Key::Order(&c.order_id),
-        Command::CollectionDispatched(c) => Key::Order(&c.order_id),
-        Command::PaymentConfirmed(c) => Key::Order(&c.order_id),
-        Command::OrderCancelled(c) => Key::Order(&c.order_id),
-        Command::SupplementRequested(c) => Key::Order(&c.order_id),
-        Command::CollectionRetry(c) => Key::Order(&c.order_id),
-        Command::PayoutCreated(c) => Key::Order(&c.order_id),
-        Command::PayoutGrabbed(c) => Key::Order(&c.order_id),
-        Command::AdminApprove(c) => Key::Order(&c.order_id),
-        Command::AdminReject(c) => Key::Order(&c.order_id),
-        Command::AdminCrawlRetry(c) => Key::Order(&c.order_id),
-        Command::AdminCorrectCancel(c) => Key::Order(&c.order_id),
-        Command::AdminCancelPayout(c) => Key::Order(&c.order_id),
-    };
     // The key is copied (inline for short ids) before the command moves into the message.
-    let message = match key {
-        Key::Merchant(id) => {
+    let message = match input_key(&command) {
+        InputKey::Broadcast => return Routed::Broadcast,
+        InputKey::Wallet(_) => return Routed::Wallet(command),
+        InputKey::Merchant(id) => {
             let merchant_id = id.clone();
             Message::Merchant { merchant_id, body: MerchantBody::Input { event_id, command } }
         }
-        Key::Agent(id) => {
+        InputKey::Agent(id) => {
             let user_id = id.clone();
             Message::Agent { user_id, body: AgentBody::Input { event_id, command } }
         }
-        Key::Order(id) => {
+        InputKey::Order(id) => {
             let order_id = id.clone();
             Message::Order { order_id, body: OrderBody::Input { event_id, command } }
         }
@@ -133,10 +107,47 @@ pub fn route_input(input: Input) -> Routed {
     Routed::Message(message)
 }
 
-enum Key<'a> {
+/// Whose state an input is for (SPEC §5 table): what [`route_input`] routes by, and what the engine
+/// announces to the CPU ahead of applying the input.
+pub enum InputKey<'a> {
+    /// `tick`: every partition.
+    Broadcast,
+    /// A simulated-wallet event, by card.
+    Wallet(&'a Text),
     Merchant(&'a Text),
     Agent(&'a Text),
     Order(&'a Text),
+}
+
+pub fn input_key(command: &Command) -> InputKey<'_> {
+    match command {
+        Command::Tick(_) => InputKey::Broadcast,
+        Command::WalletLine(c) => InputKey::Wallet(&c.card_id),
+        Command::WalletLineStatus(c) => InputKey::Wallet(&c.card_id),
+        Command::WalletFault(c) => InputKey::Wallet(&c.card_id),
+        Command::MerchantRegistered(c) => InputKey::Merchant(&c.merchant_id),
+        Command::MerchantDeposit(c) => InputKey::Merchant(&c.merchant_id),
+        Command::UserRegistered(c) => InputKey::Agent(&c.user_id),
+        Command::CardBound(c) => InputKey::Agent(&c.user_id),
+        Command::UserRecharge(c) => InputKey::Agent(&c.user_id),
+        Command::UserAdjustment(c) => InputKey::Agent(&c.user_id),
+        Command::CrawlResult(c) => InputKey::Agent(&c.user_id),
+        Command::CardReauthenticated(c) => InputKey::Agent(&c.user_id),
+        Command::AdminUnban(c) => InputKey::Agent(&c.user_id),
+        Command::CollectionCreated(c) => InputKey::Order(&c.order_id),
+        Command::CollectionDispatched(c) => InputKey::Order(&c.order_id),
+        Command::PaymentConfirmed(c) => InputKey::Order(&c.order_id),
+        Command::OrderCancelled(c) => InputKey::Order(&c.order_id),
+        Command::SupplementRequested(c) => InputKey::Order(&c.order_id),
+        Command::CollectionRetry(c) => InputKey::Order(&c.order_id),
+        Command::PayoutCreated(c) => InputKey::Order(&c.order_id),
+        Command::PayoutGrabbed(c) => InputKey::Order(&c.order_id),
+        Command::AdminApprove(c) => InputKey::Order(&c.order_id),
+        Command::AdminReject(c) => InputKey::Order(&c.order_id),
+        Command::AdminCrawlRetry(c) => InputKey::Order(&c.order_id),
+        Command::AdminCorrectCancel(c) => InputKey::Order(&c.order_id),
+        Command::AdminCancelPayout(c) => InputKey::Order(&c.order_id),
+    }
 }
 
 /// The id of a record: the position of what produced it (a log and offset, and the index among the

@@ -146,7 +146,7 @@ fn pack(hash: u32, position: usize) -> u64 {
 
 /// A hint to the CPU to load `value`'s cache line; nothing on other architectures.
 #[inline]
-fn prefetch_read<T>(value: &T) {
+pub(crate) fn prefetch_read<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -155,6 +155,20 @@ fn prefetch_read<T>(value: &T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
+}
+
+/// A hint to the CPU to load the cache line at `address` (which need not be mapped: a prefetch never
+/// faults); nothing on other architectures.
+#[inline]
+pub(crate) fn prefetch_address(address: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(address as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
 }
 
 /// 32 bits of a well-mixed 64-bit hash of the id (FxHash, then MurmurHash3's finaliser).

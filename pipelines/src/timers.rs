@@ -106,6 +106,13 @@ impl<T> TimerQueue<T> {
         first.entries.front().map(|(key, _)| *key)
     }
 
+    /// The timer that fires next.
+    pub fn first_value(&self) -> Option<&T> {
+        let (_, first) = self.buckets.first_key_value()?;
+        debug_assert!(first.sorted);
+        first.entries.front().map(|(_, timer)| timer)
+    }
+
     /// Takes the timer that fires next.
     pub fn pop_first(&mut self) -> Option<(TimerKey, T)> {
         let mut first = self.buckets.first_entry()?;

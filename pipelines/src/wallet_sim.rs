@@ -7,7 +7,6 @@ use crate::output::{CrawlMode, CrawlRequested, PageOrder};
 use crate::time::Timestamp;
 use crate::time_ordered::{TimeKeyed, TimeOrdered};
 use crate::Text;
-use rustc_hash::FxHashMap as HashMap;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
@@ -74,7 +73,7 @@ pub enum View<'a> {
 /// One provider's wallets.
 #[derive(Clone, Debug, Default)]
 pub struct WalletSim {
-    cards: HashMap<Text, SimCard>,
+    cards: crate::keyed::KeyedMap<SimCard>,
 }
 
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
@@ -88,11 +87,16 @@ pub enum Answer {
 impl WalletSim {
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
-        let card = self.cards.entry(card_id.into()).or_default();
+        let card = self.cards.get_or_insert_with(card_id, SimCard::default);
         card.lines.insert(SimLine::new(line, at));
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
             card.lines.pop_front();
         }
+    }
+
+    /// Asks the CPU to bring the entry of `card_id` (the next input's card; no effect on any answer).
+    pub fn prefetch(&self, card_id: &str) {
+        self.cards.prefetch(card_id);
     }
 
     /// `wallet_line_status`: ignored for an unknown transaction (SPEC §7 edge decisions).
@@ -107,7 +111,7 @@ impl WalletSim {
 
     /// `wallet_fault`: lasts until the card's next fault event.
     pub fn set_fault(&mut self, card_id: &str, fault: Fault) {
-        self.cards.entry(card_id.into()).or_default().fault = (fault != Fault::None).then_some(fault);
+        self.cards.get_or_insert_with(card_id, SimCard::default).fault = (fault != Fault::None).then_some(fault);
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.

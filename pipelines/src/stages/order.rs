@@ -11,7 +11,6 @@ use crate::money::Money;
 use crate::output::{CallbackStatus, OrderKind, OutputBody, Reason, Rejection};
 use crate::time::Timestamp;
 use crate::Text;
-use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,9 +68,8 @@ pub const ORDER_WAITING_COMMANDS_MAX: usize = 64;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct OrderStage {
-    #[serde(with = "crate::snapshot::sorted_map")]
     /// Boxed: the table moves 32-byte entries when it grows, not 280-byte orders.
-    pub orders: HashMap<Text, Box<MainOrder>>,
+    pub orders: crate::keyed::KeyedMap<Box<MainOrder>>,
 }
 
 fn refuse(effects: &mut Effects, event_id: &str, command: &Command, reason: Reason, message: impl Into<String>) {

@@ -62,8 +62,7 @@ pub enum AgentTimer {
 pub struct AgentStage {
     #[serde(skip)]
     pub config: Config,
-    #[serde(with = "crate::snapshot::sorted_map")]
-    pub agents: HashMap<Text, Agent>,
+    pub agents: crate::keyed::KeyedMap<Agent>,
     /// A card id belongs to one agent forever (SPEC §4). In a partitioned deployment this index is
     /// its own card-keyed partition; here it sits beside the agents it guards.
     #[serde(with = "crate::snapshot::sorted_map")]
@@ -78,7 +77,7 @@ pub(crate) struct Context<'a> {
 
 impl AgentStage {
     pub fn new(config: Config) -> AgentStage {
-        AgentStage { config, agents: HashMap::default(), card_owner: HashMap::default() }
+        AgentStage { config, agents: crate::keyed::KeyedMap::new(), card_owner: HashMap::default() }
     }
 
     pub fn handle(&mut self, user_id: &str, body: AgentBody, effects: &mut Effects) {
@@ -163,10 +162,8 @@ impl AgentStage {
     fn on_input(&mut self, user_id: &str, command: Command, effects: &mut Effects) -> Result<(), Rejection> {
         if let Command::UserRegistered(registered) = &command {
             // Re-registering only updates `telegram_bound` (SPEC §7 edge decisions).
-            self.agents
-                .entry(user_id.into())
-                .or_insert_with(|| Agent::new(user_id, registered.telegram_bound))
-                .telegram_bound = registered.telegram_bound;
+            self.agents.get_or_insert_with(user_id, || Agent::new(user_id, registered.telegram_bound)).telegram_bound =
+                registered.telegram_bound;
             return Ok(());
         }
         let Some(agent) = self.agents.get_mut(user_id) else {
