@@ -2,9 +2,10 @@
 //! the pipeline on the embedded store behind the HTTP API; `paisa wallet-sim` serves the simulated
 //! statement provider over HTTP (SPEC §10).
 
-/// mimalloc: the stages allocate many small short-lived strings; it beats the system allocator there.
+/// mimalloc: the stages allocate many small short-lived strings; it beats the system allocator there
+/// (through its plain entry points where they suffice: `pipelines::allocator`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
 mod demo;
 mod http;

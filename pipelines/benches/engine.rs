@@ -8,7 +8,7 @@
 /// The allocator the `paisa` binary uses too: glibc's malloc fragments under millions of small,
 /// long-lived strings and spends a third of the time in malloc/free.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pipelines::wallet_sim::WalletSim;

@@ -2,7 +2,7 @@
 //! `cargo run --release -p pipelines --example profile_replay -- AGENTS ROUNDS`
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
 use pipelines::wallet_sim::WalletSim;
 use pipelines::{Config, Engine};

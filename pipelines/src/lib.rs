@@ -9,6 +9,7 @@
 //! `wallet_sim` (SPEC §9 provider), `engine` (SPEC §3 ordering), `replay` (SPEC §9), `partition` (SPEC §3
 //! partitioned stages) and `answer_barrier` (an agent partition waits for crawl answers in flight).
 
+pub mod allocator;
 pub mod answer_barrier;
 pub mod config;
 pub mod decode;
