@@ -95,17 +95,13 @@ impl<V> KeyedMap<V> {
         self.table.iter().map(|(_, value)| value)
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.table.iter_mut().map(|(_, value)| value)
-    }
-
     /// Asks the CPU to bring the cache line of `key`'s entry (no effect on any answer). Reads only the
     /// table's control bytes: the candidates' entries are not compared, just announced.
     pub fn prefetch(&self, key: &str) {
         // `find` walks the entries whose control byte matches the hash's top bits; the closure only
         // takes each one's address and answers "not this one", so no entry is read.
         let _ = self.table.find(hash_of(key), |entry| {
-            prefetch_entry(entry);
+            crate::prefetch::lines(entry, PREFETCH_LINES_MAX);
             false
         });
     }
@@ -122,21 +118,6 @@ impl<'a, V> IntoIterator for &'a KeyedMap<V> {
 
 /// Cache lines of an entry announced at most (a large entry's first lines hold what is read first).
 const PREFETCH_LINES_MAX: usize = 4;
-const CACHE_LINE_BYTES: usize = 64;
-
-/// Announces the cache lines of `entry` (up to [`PREFETCH_LINES_MAX`]).
-fn prefetch_entry<T>(entry: &T) {
-    let start = entry as *const T as usize;
-    let end = start + std::mem::size_of::<T>();
-    let mut line = start & !(CACHE_LINE_BYTES - 1);
-    for _ in 0..PREFETCH_LINES_MAX {
-        if line >= end {
-            break;
-        }
-        crate::seen::prefetch_address(line);
-        line += CACHE_LINE_BYTES;
-    }
-}
 
 impl<V: Serialize> Serialize for KeyedMap<V> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

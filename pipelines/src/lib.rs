@@ -21,6 +21,7 @@ pub mod keyed;
 pub mod money;
 pub mod output;
 pub mod partition;
+mod prefetch;
 pub mod replay;
 pub mod seen;
 pub mod snapshot;

@@ -119,6 +119,7 @@ pub enum InputKey<'a> {
     Order(&'a Text),
 }
 
+/// The key of the state `command` is for (SPEC §5 table).
 pub fn input_key(command: &Command) -> InputKey<'_> {
     match command {
         Command::Tick(_) => InputKey::Broadcast,

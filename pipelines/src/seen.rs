@@ -86,7 +86,7 @@ impl SeenIds {
     /// Asks the CPU to bring the cache line where `id`'s probe starts (no effect on the answers).
     pub fn prefetch(&self, id: &str) {
         let home = self.home(hash32(id));
-        prefetch_read(&self.slots[home]);
+        crate::prefetch::value(&self.slots[home]);
     }
 
     /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
@@ -142,33 +142,6 @@ enum Probe {
 /// A slot's value: never 0, the mark of an empty slot.
 fn pack(hash: u32, position: usize) -> u64 {
     (u64::from(hash) << 32) | (position as u64 + 1)
-}
-
-/// A hint to the CPU to load `value`'s cache line; nothing on other architectures.
-#[inline]
-pub(crate) fn prefetch_read<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint that never faults, and the pointer comes from a reference.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast::<i8>()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
-}
-
-/// A hint to the CPU to load the cache line at `address` (which need not be mapped: a prefetch never
-/// faults); nothing on other architectures.
-#[inline]
-pub(crate) fn prefetch_address(address: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(address as *const i8) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = address;
 }
 
 /// 32 bits of a well-mixed 64-bit hash of the id (FxHash, then MurmurHash3's finaliser).
