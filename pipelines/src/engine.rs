@@ -112,7 +112,25 @@ impl Engine {
 
     /// Asks the CPU for the state entry `input` will be applied to (no effect on any answer).
     fn announce_input(&self, input: &Input) {
-        match input_key(&input.command) {
+        self.announce(input_key(&input.command));
+    }
+
+    /// Asks the CPU for the state entry `timer` will fire on (no effect on any answer).
+    fn announce_timer(&self, timer: &Timer) {
+        match timer {
+            Timer::Order { order_id, .. } => self.announce(InputKey::Order(order_id)),
+            Timer::Agent { user_id, .. } => self.announce(InputKey::Agent(user_id)),
+            // An answer reads the provider's card and goes to the agent that asked.
+            Timer::Provider(ProviderTimer::Answer(request)) => {
+                self.announce(InputKey::Wallet(&request.card_id));
+                self.announce(InputKey::Agent(&request.user_id));
+            }
+        }
+    }
+
+    /// Asks the CPU for the entry of the table that holds `key`'s state.
+    fn announce(&self, key: InputKey) {
+        match key {
             InputKey::Order(order_id) => self.orders.orders.prefetch(order_id),
             InputKey::Agent(user_id) => self.agents.agents.prefetch(user_id),
             InputKey::Wallet(card_id) => {
@@ -122,20 +140,6 @@ impl Engine {
             }
             // A few merchants, cached anyway; a tick reads no entry.
             InputKey::Merchant(_) | InputKey::Broadcast => {}
-        }
-    }
-
-    /// Asks the CPU for the state entry `timer` will fire on (no effect on any answer).
-    fn announce_timer(&self, timer: &Timer) {
-        match timer {
-            Timer::Order { order_id, .. } => self.orders.orders.prefetch(order_id),
-            Timer::Agent { user_id, .. } => self.agents.agents.prefetch(user_id),
-            Timer::Provider(ProviderTimer::Answer(request)) => {
-                self.agents.agents.prefetch(&request.user_id);
-                if let Some(provider) = &self.provider {
-                    provider.prefetch(&request.card_id);
-                }
-            }
         }
     }
 

@@ -84,7 +84,7 @@ impl<V> KeyedMap<V> {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Text, &V)> {
-        self.table.iter().map(|(key, value)| (key, value))
+        self.into_iter()
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &Text> {

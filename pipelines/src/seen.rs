@@ -25,9 +25,10 @@ const SLOTS_MIN: usize = 1 << 10;
 /// Every event id seen so far.
 ///
 /// The table is open addressing with linear probing over 8-byte slots: 0 for an empty slot, else the
-/// id's 32 hash bits above its position plus one. Not `hashbrown`: a table of our own can say which
-/// cache line an id's probe starts at, so a replay can ask for it one input ahead ([`SeenIds::prefetch`])
-/// and the miss into a table that outgrows the caches overlaps the previous input's work.
+/// id's 32 hash bits above its position plus one: a third of a hash set of the ids themselves, so
+/// fewer cache and TLB misses. The table can say which cache line an id's probe starts at, so a replay
+/// asks for it one input ahead ([`SeenIds::prefetch`]) and the miss into a table that outgrows the
+/// caches overlaps the previous input's work.
 #[derive(Clone, Debug)]
 pub struct SeenIds {
     slots: Vec<u64>,

@@ -145,17 +145,20 @@ impl<T> TimerQueue<T> {
 
     /// Every timer, in no particular order (checks and metrics; firing goes through `pop_first`).
     pub fn values(&self) -> impl Iterator<Item = &T> {
-        let first = self.first.iter().flat_map(|first| first.entries.iter());
-        first.chain(self.later.values().flatten()).map(|(_, timer)| timer)
+        self.entries().map(|(_, timer)| timer)
     }
 
     /// Every timer in firing order.
     pub fn sorted(&self) -> Vec<(TimerKey, &T)> {
-        let first = self.first.iter().flat_map(|first| first.entries.iter());
-        let mut entries: Vec<(TimerKey, &T)> =
-            first.chain(self.later.values().flatten()).map(|(key, timer)| (*key, timer)).collect();
+        let mut entries: Vec<(TimerKey, &T)> = self.entries().map(|(key, timer)| (*key, timer)).collect();
         entries.sort_unstable_by_key(|(key, _)| *key);
         entries
+    }
+
+    /// Every entry, the earliest bucket's first, then the later buckets' in no particular order.
+    fn entries(&self) -> impl Iterator<Item = &(TimerKey, T)> {
+        let first = self.first.iter().flat_map(|first| first.entries.iter());
+        first.chain(self.later.values().flatten())
     }
 }
 
