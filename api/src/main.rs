@@ -117,21 +117,8 @@ enum AdminTask {
     },
 }
 
-/// mimalloc's `mi_option_allow_thp` (mimalloc v3 `mi_option_t`).
-const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
-
-/// No transparent huge pages for the allocator: the state grows in small allocations, and with THP the
-/// kernel zeroes a 2 MiB page for each fresh region the allocator touches (measured: ≈ 10 % of the
-/// service's CPU). `MIMALLOC_ALLOW_THP=1` in the environment still wins, as mimalloc reads it later.
-fn configure_allocator() {
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: an integer option set at start-up, before any other thread exists.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0) };
-    }
-}
-
 fn main() -> ExitCode {
-    configure_allocator();
+    pipelines::allocator::configure();
     let cli = Cli::parse();
     match cli.command {
         Commands::Replay { file } => match replay(&file) {

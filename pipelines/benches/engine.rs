@@ -5,8 +5,9 @@
 //! workload and, as throughput, input events per second). `WORKLOAD_AGENTS` and `WORKLOAD_ROUNDS`
 //! resize the workload.
 
-/// The allocator the `paisa` binary uses too: glibc's malloc fragments under millions of small,
-/// long-lived strings and spends a third of the time in malloc/free.
+/// The allocator the `paisa` binary uses too, configured as it is (`pipelines::allocator::configure`):
+/// glibc's malloc fragments under millions of small, long-lived strings and spends a third of the time
+/// in malloc/free.
 #[global_allocator]
 static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
@@ -57,29 +58,11 @@ fn describe(inputs: Vec<Input>) -> String {
     )
 }
 
-/// `WARM_MEMORY=1`: the allocator keeps freed pages (no purge) and uses large OS pages, so a sample
-/// reuses the memory of the previous one instead of faulting fresh pages in. On this VM the cost of
-/// page faults varies several-fold between runs; warm figures show the engine's own cost.
-fn configure_allocator() {
-    // No transparent huge pages, as in the `paisa` binary: with THP the kernel zeroes a 2 MiB page for
-    // each fresh region the allocator touches (measured: 20–30 % of this benchmark's time).
-    const ALLOW_THP: libmimalloc_sys::mi_option_t = 43; // mi_option_allow_thp (mimalloc v3)
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: an integer option set before the measured work, with no other thread running.
-        unsafe { libmimalloc_sys::mi_option_set(ALLOW_THP, 0) };
-    }
-    if std::env::var_os("WARM_MEMORY").is_some() {
-        const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15; // mi_option_purge_delay (mimalloc v3)
-                                                              // SAFETY: setting allocator options before the measured work; both are plain integer options.
-        unsafe {
-            libmimalloc_sys::mi_option_set(PURGE_DELAY, -1);
-            libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1);
-        }
-    }
-}
-
 fn bench(criterion: &mut Criterion) {
-    configure_allocator();
+    // As the `paisa` binary runs it: memory once mapped is kept (each sample then reuses the pages of the
+    // one before, as a running engine reuses its own), with transparent huge pages. Cold memory, as a
+    // fresh process has it: `MIMALLOC_PURGE_DELAY=0`; without huge pages: `MIMALLOC_ALLOW_THP=0`.
+    pipelines::allocator::configure();
     let agents = env_or("WORKLOAD_AGENTS", 5_000);
     let rounds = env_or("WORKLOAD_ROUNDS", 23);
     let inputs = workload(agents, rounds);

@@ -8,6 +8,7 @@ use pipelines::wallet_sim::WalletSim;
 use pipelines::{Config, Engine};
 
 fn main() {
+    pipelines::allocator::configure();
     let mut args = std::env::args().skip(1).map(|arg| arg.parse::<usize>().unwrap_or(0));
     let agents = args.next().filter(|n| *n > 0).unwrap_or(5_000);
     let rounds = args.next().filter(|n| *n > 0).unwrap_or(20);

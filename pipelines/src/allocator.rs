@@ -22,6 +22,32 @@ use std::ffi::c_void;
 /// mimalloc for every allocation, through its plain entry points where they suffice.
 pub struct Allocator;
 
+/// mimalloc v3's `mi_option_purge_delay` (`mi_option_t`; the sys crate names no constant for it).
+const OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// The environment variable mimalloc reads the same option from.
+const PURGE_DELAY_VARIABLE: &str = "MIMALLOC_PURGE_DELAY";
+
+/// Configures mimalloc for a long-running engine: memory it once mapped stays mapped (no purging), so
+/// freed blocks are reused without the kernel faulting and zeroing fresh pages again, and the
+/// transparent huge pages mimalloc asks for by default stay whole (purging part of one splits it).
+///
+/// Why: the engine's state only grows (orders, sub-orders, statement lines, journals), so the process
+/// never has memory to give back but its transient buffers, which it reuses. Its state is read at
+/// random across a gigabyte at the benchmark's scale, where 2 MiB pages spare most TLB misses
+/// (measured on the engine benchmark's workload, `docs/DECISIONS.md`, "Allocator").
+///
+/// Transparent huge pages are left to mimalloc's default (on): `MIMALLOC_ALLOW_THP=0` turns them off,
+/// and only the environment can, because mimalloc reads that option when it maps its first arena,
+/// before `main`. `MIMALLOC_PURGE_DELAY` in the environment (milliseconds) overrides the no-purge
+/// setting. Call at start-up, before other threads exist.
+pub fn configure() {
+    if std::env::var_os(PURGE_DELAY_VARIABLE).is_none() {
+        // SAFETY: an integer option, set before the threads that allocate concurrently are started;
+        // mimalloc reads it whenever it decides a purge.
+        unsafe { libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, -1) };
+    }
+}
+
 /// Every mimalloc block is aligned to at least a word: block sizes are multiples of it and pages start
 /// aligned (and `malloc` must return memory fit for any word-sized object).
 const PLAIN_ALIGNMENT_MAX: usize = std::mem::size_of::<usize>();
