@@ -4,8 +4,9 @@ use super::{SimClock, WalletSimServerConfig};
 use crate::statement::AS_OF_HEADER;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -342,13 +343,20 @@ fn sim_request(card_id: String, mode: CrawlMode, query: ListQuery, txn_id: Optio
     }
 }
 
-/// The time a request asks its answer for ([`AS_OF_HEADER`]), if it names one; a 400 naming the header
-/// if it is not an RFC 3339 time.
-fn as_of(headers: &HeaderMap) -> Result<Option<Timestamp>, ApiError> {
-    let Some(value) = headers.get(AS_OF_HEADER) else { return Ok(None) };
-    let time = value.to_str().ok().and_then(Timestamp::parse);
-    let message = || format!("header `{AS_OF_HEADER}` must be an RFC 3339 time");
-    time.map(Some).ok_or_else(|| ApiError::bad_request("invalid_header", message()).field(Some(AS_OF_HEADER.into())))
+/// The time a request asks its answer for ([`AS_OF_HEADER`]), if it names one. As an extractor it
+/// answers 400 naming the header when that is not an RFC 3339 time.
+struct AsOf(Option<Timestamp>);
+
+impl<S: Send + Sync> FromRequestParts<S> for AsOf {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<AsOf, ApiError> {
+        let Some(value) = parts.headers.get(AS_OF_HEADER) else { return Ok(AsOf(None)) };
+        let time = value.to_str().ok().and_then(Timestamp::parse);
+        let message = || format!("header `{AS_OF_HEADER}` must be an RFC 3339 time");
+        let invalid = || ApiError::bad_request("invalid_header", message()).field(Some(AS_OF_HEADER.into()));
+        time.map(|time| AsOf(Some(time))).ok_or_else(invalid)
+    }
 }
 
 /// Waits the card's latency, then answers `request` at the clock's time, or as of `as_of` if that is
@@ -372,17 +380,13 @@ async fn answer(state: &WalletSimState, request: CrawlRequested, as_of: Option<T
 
 async fn list_transactions(
     State(state): State<WalletSimState>,
-    headers: HeaderMap,
     card_id: Result<Path<String>, PathRejection>,
+    AsOf(as_of): AsOf,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     let card_id = match card_id {
         Ok(Path(card_id)) => card_id,
         Err(rejection) => return ApiError::rejection(rejection.status(), rejection.body_text()).into_response(),
-    };
-    let as_of = match as_of(&headers) {
-        Ok(as_of) => as_of,
-        Err(error) => return error.into_response(),
     };
     let query = match query.map_err(|rejection| ApiError::bad_request("invalid_query", rejection.body_text())) {
         Ok(Query(pairs)) => list_query(pairs),
@@ -399,13 +403,9 @@ async fn list_transactions(
 
 async fn transaction_detail(
     State(state): State<WalletSimState>,
-    headers: HeaderMap,
+    AsOf(as_of): AsOf,
     ids: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let as_of = match as_of(&headers) {
-        Ok(as_of) => as_of,
-        Err(error) => return error.into_response(),
-    };
     match ids {
         Ok(Path((card_id, txn_id))) => {
             let request = sim_request(card_id, CrawlMode::Detail, ListQuery::default(), Some(txn_id));
