@@ -2,7 +2,8 @@
 //! matched through the simulated provider's statements, ERRORED noise and some floods that ban agents.
 //!
 //! Run: `cargo bench -p pipelines --bench engine` (criterion reports the time per replay of the whole
-//! workload and, as throughput, input events per second). `WORKLOAD_AGENTS` and `WORKLOAD_ROUNDS`
+//! workload and, as throughput, input events per second, twice: with the memory earlier samples freed
+//! kept mapped, and with every sample's state in fresh pages). `WORKLOAD_AGENTS` and `WORKLOAD_ROUNDS`
 //! resize the workload.
 
 /// The allocator the `paisa` binary uses too, configured as it is (`pipelines::allocator::configure`):
@@ -59,9 +60,8 @@ fn describe(inputs: Vec<Input>) -> String {
 }
 
 fn bench(criterion: &mut Criterion) {
-    // As the `paisa` binary runs it: memory once mapped is kept (each sample then reuses the pages of the
-    // one before, as a running engine reuses its own), with transparent huge pages. Cold memory, as a
-    // fresh process has it: `MIMALLOC_PURGE_DELAY=0`; without huge pages: `MIMALLOC_ALLOW_THP=0`.
+    // As the `paisa` binary runs it: memory once mapped is kept, with transparent huge pages
+    // (`MIMALLOC_ALLOW_THP=0`: without them).
     pipelines::allocator::configure();
     let agents = env_or("WORKLOAD_AGENTS", 5_000);
     let rounds = env_or("WORKLOAD_ROUNDS", 23);
@@ -69,12 +69,21 @@ fn bench(criterion: &mut Criterion) {
     let events = inputs.len();
     eprintln!("workload: {agents} agents, {rounds} rounds, {events} input events");
     eprintln!("{}", describe(inputs.clone()));
-    let mut group = criterion.benchmark_group("engine");
+    let mut group = criterion.benchmark_group(format!("engine_replay_{events}_events"));
     group.sample_size(10);
     group.throughput(Throughput::Elements(events as u64));
-    group.bench_function(format!("replay_{events}_events"), |bencher| {
+    // Each sample's state reuses the pages the one before freed, as a running engine reuses its own.
+    group.bench_function("memory_kept", |bencher| {
         bencher.iter_batched(|| inputs.clone(), replay, BatchSize::LargeInput)
     });
+    // Freed memory goes back to the OS at once, so each sample's state grows into fresh pages, each
+    // faulted in and zeroed by the kernel, as a new process's state does (and a running engine's,
+    // where its state grows past what it ever held).
+    pipelines::allocator::set_purge_delay_ms(Some(0));
+    group.bench_function("fresh_memory", |bencher| {
+        bencher.iter_batched(|| inputs.clone(), replay, BatchSize::LargeInput)
+    });
+    pipelines::allocator::configure();
     group.finish();
 }
 

@@ -42,10 +42,17 @@ const PURGE_DELAY_VARIABLE: &str = "MIMALLOC_PURGE_DELAY";
 /// setting. Call at start-up, before other threads exist.
 pub fn configure() {
     if std::env::var_os(PURGE_DELAY_VARIABLE).is_none() {
-        // SAFETY: an integer option, set before the threads that allocate concurrently are started;
-        // mimalloc reads it whenever it decides a purge.
-        unsafe { libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, -1) };
+        set_purge_delay_ms(None);
     }
+}
+
+/// How long memory freed stays mapped before mimalloc returns it to the OS; `None`: for good (what
+/// [`configure`] sets). The engine benchmark also measures with `Some(0)`, where every sample's state
+/// grows into fresh pages as a new process's does.
+pub fn set_purge_delay_ms(delay_ms: Option<u32>) {
+    let value = delay_ms.map_or(-1, std::ffi::c_long::from);
+    // SAFETY: an integer option; mimalloc reads it whenever it decides a purge, from any thread.
+    unsafe { libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, value) };
 }
 
 /// Every mimalloc block is aligned to at least a word: block sizes are multiples of it and pages start
