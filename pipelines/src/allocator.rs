@@ -34,7 +34,7 @@ const PURGE_DELAY_VARIABLE: &str = "MIMALLOC_PURGE_DELAY";
 /// Why: the engine's state only grows (orders, sub-orders, statement lines, journals), so the process
 /// never has memory to give back but its transient buffers, which it reuses. Its state is read at
 /// random across a gigabyte at the benchmark's scale, where 2 MiB pages spare most TLB misses
-/// (measured on the engine benchmark's workload, `docs/DECISIONS.md`, "Allocator").
+/// (measured on the engine benchmark's workload: `docs/DECISIONS.md`, "The allocator keeps what it maps").
 ///
 /// Transparent huge pages are left to mimalloc's default (on): `MIMALLOC_ALLOW_THP=0` turns them off,
 /// and only the environment can, because mimalloc reads that option when it maps its first arena,
