@@ -13,7 +13,6 @@
 static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use pipelines::wallet_sim::WalletSim;
 use pipelines::workload::workload;
 use pipelines::{Config, Engine, Input};
 
@@ -21,21 +20,12 @@ fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
 }
 
-/// Replays the workload; returns the engine so that criterion drops it outside the timed section (a
-/// running engine is never torn down).
+/// Replays the workload, streaming its outputs away as a service does; returns the engine so that
+/// criterion drops it outside the timed section (a running engine is never torn down).
 fn replay(inputs: Vec<Input>) -> (Engine, usize) {
-    let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
-    let last = inputs.last().map(|input| input.at);
     let mut outputs = 0;
-    let mut inputs = inputs.into_iter();
-    while inputs.len() > 0 {
-        engine.apply_all(inputs.by_ref().take(4096));
-        outputs += engine.take_outputs().len(); // a service streams outputs away
-    }
-    if let Some(last) = last {
-        engine.advance_to(last);
-    }
-    let outputs = outputs + engine.take_outputs().len();
+    let scenario = pipelines::replay::Scenario { config: Config::default(), inputs };
+    let engine = pipelines::replay::run_streaming(scenario, |taken| outputs += taken.len());
     (engine, outputs)
 }
 
@@ -83,7 +73,6 @@ fn bench(criterion: &mut Criterion) {
     group.bench_function("fresh_memory", |bencher| {
         bencher.iter_batched(|| inputs.clone(), replay, BatchSize::LargeInput)
     });
-    pipelines::allocator::configure();
     group.finish();
 }
 

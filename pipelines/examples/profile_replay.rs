@@ -5,7 +5,6 @@
 #[global_allocator]
 static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Allocator;
 
-use pipelines::wallet_sim::WalletSim;
 use pipelines::{Config, Engine};
 
 fn main() {
@@ -56,19 +55,9 @@ fn main() {
     std::mem::forget(engine);
 }
 
-/// Replays `inputs` as the engine benchmark does: in slices, outputs streamed away.
+/// Replays `inputs` as the engine benchmark does: outputs streamed away.
 fn replay(inputs: Vec<pipelines::Input>) -> Engine {
-    let mut engine = Engine::new(Config::default(), Some(WalletSim::default()));
-    let last = inputs.last().map(|input| input.at);
-    let mut inputs = inputs.into_iter();
-    while inputs.len() > 0 {
-        engine.apply_all(inputs.by_ref().take(4096));
-        engine.take_outputs();
-    }
-    if let Some(last) = last {
-        engine.advance_to(last);
-    }
-    engine
+    pipelines::replay::run_streaming(pipelines::replay::Scenario { config: Config::default(), inputs }, drop)
 }
 
 #[allow(dead_code)]

@@ -104,15 +104,10 @@ impl Engine {
         while let Some(input) = inputs.next() {
             if let Some(next) = inputs.peek() {
                 self.seen_event_ids.prefetch(&next.event_id);
-                self.announce_input(next);
+                self.announce(input_key(&next.command));
             }
             self.apply(input);
         }
-    }
-
-    /// Asks the CPU for the state entry `input` will be applied to (no effect on any answer).
-    fn announce_input(&self, input: &Input) {
-        self.announce(input_key(&input.command));
     }
 
     /// Asks the CPU for the state entry `timer` will fire on (no effect on any answer).

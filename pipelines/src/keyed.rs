@@ -121,22 +121,14 @@ const PREFETCH_LINES_MAX: usize = 4;
 
 impl<V: Serialize> Serialize for KeyedMap<V> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut pairs: Vec<(&Text, &V)> = self.iter().collect();
-        pairs.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        serializer.collect_seq(pairs)
+        crate::snapshot::sorted_map::serialize_pairs(self.iter(), serializer)
     }
 }
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for KeyedMap<V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let pairs = Vec::<(Text, V)>::deserialize(deserializer)?;
-        let mut map = KeyedMap { table: HashTable::with_capacity(pairs.len()) };
-        for (key, value) in pairs {
-            if map.insert(key, value).is_some() {
-                return Err(serde::de::Error::custom("a map key is given twice"));
-            }
-        }
-        Ok(map)
+        let with_capacity = |pairs| KeyedMap { table: HashTable::with_capacity(pairs) };
+        crate::snapshot::sorted_map::deserialize_pairs(deserializer, with_capacity, KeyedMap::insert)
     }
 }
 

@@ -87,6 +87,27 @@ pub fn run(scenario: Scenario) -> Engine {
     engine
 }
 
+/// Inputs a streaming run applies between two hand-overs of its outputs.
+const STREAM_SLICE_INPUTS: usize = 4096;
+
+/// Runs a scenario as a service runs its inputs: the outputs are handed to `take` every
+/// `STREAM_SLICE_INPUTS` inputs and at the end instead of piling up in the engine (the engine
+/// benchmark and the profiling example).
+pub fn run_streaming(scenario: Scenario, mut take: impl FnMut(Vec<crate::output::Output>)) -> Engine {
+    let mut engine = Engine::new(scenario.config, Some(WalletSim::default()));
+    let last_at = scenario.inputs.last().map(|input| input.at);
+    let mut inputs = scenario.inputs.into_iter();
+    while inputs.len() > 0 {
+        engine.apply_all(inputs.by_ref().take(STREAM_SLICE_INPUTS));
+        take(engine.take_outputs());
+    }
+    if let Some(last_at) = last_at {
+        engine.advance_to(last_at);
+    }
+    take(engine.take_outputs());
+    engine
+}
+
 /// Replays scenario text into the SPEC §9 document (pretty JSON).
 pub fn replay_to_json(text: &str) -> Result<String, ScenarioError> {
     let engine = run(parse_scenario(text)?);

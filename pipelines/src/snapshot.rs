@@ -85,9 +85,7 @@ pub mod sorted_map {
         V: Serialize,
         S: Serializer,
     {
-        let mut pairs: Vec<(&K, &V)> = map.iter().collect();
-        pairs.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        serializer.collect_seq(pairs)
+        serialize_pairs(map.iter(), serializer)
     }
 
     pub fn deserialize<'de, K, V, H, D>(deserializer: D) -> Result<HashMap<K, V, H>, D::Error>
@@ -97,10 +95,40 @@ pub mod sorted_map {
         H: BuildHasher + Default,
         D: Deserializer<'de>,
     {
+        deserialize_pairs(deserializer, |pairs| HashMap::with_capacity_and_hasher(pairs, H::default()), HashMap::insert)
+    }
+
+    /// Writes any map's `(key, value)` pairs sorted by key (the keyed maps use it too).
+    pub(crate) fn serialize_pairs<'a, K, V, S>(
+        pairs: impl Iterator<Item = (&'a K, &'a V)>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error>
+    where
+        K: Ord + Serialize + 'a,
+        V: Serialize + 'a,
+        S: Serializer,
+    {
+        let mut pairs: Vec<(&K, &V)> = pairs.collect();
+        pairs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        serializer.collect_seq(pairs)
+    }
+
+    /// Reads pairs into the map `with_capacity` makes, through `insert` (which returns the value a key
+    /// already had), refusing a key given twice.
+    pub(crate) fn deserialize_pairs<'de, K, V, M, D>(
+        deserializer: D,
+        with_capacity: impl FnOnce(usize) -> M,
+        mut insert: impl FnMut(&mut M, K, V) -> Option<V>,
+    ) -> Result<M, D::Error>
+    where
+        K: Deserialize<'de>,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
         let pairs = Vec::<(K, V)>::deserialize(deserializer)?;
-        let mut map = HashMap::with_capacity_and_hasher(pairs.len(), H::default());
+        let mut map = with_capacity(pairs.len());
         for (key, value) in pairs {
-            if map.insert(key, value).is_some() {
+            if insert(&mut map, key, value).is_some() {
                 return Err(serde::de::Error::custom("a map key is given twice"));
             }
         }
