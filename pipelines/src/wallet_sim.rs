@@ -154,7 +154,7 @@ impl WalletSim {
         let lines: Vec<&StatementLine> = match request.order {
             Some(PageOrder::Asc) => {
                 let from = request.from.unwrap_or_default();
-                let start = card.lines.partition_point(|line| line.listed.time < from);
+                let start = card.lines.first_at_or_after(from);
                 card.lines.range_from(start).filter(visible).take(limit).map(|line| &line.listed).collect()
             }
             _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed).collect(),
@@ -196,7 +196,7 @@ mod tests {
     //! read by filtering and copying), under random additions, replacements, status changes and answers.
 
     use super::*;
-    use crate::input::{Counterparty, Direction, Provider};
+    use crate::input::{Direction, Provider};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -280,7 +280,7 @@ mod tests {
             amount: "1.00".into(),
             status: LineStatus::Success,
             time: seconds(time),
-            counterparty: Counterparty::default(),
+            counterparty: Default::default(),
             payee_ifsc: ifsc.then(|| "IFSC0001".into()),
         }
     }

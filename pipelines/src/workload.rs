@@ -36,7 +36,7 @@ fn line(
         amount: amount.into(),
         status,
         time,
-        counterparty: Counterparty { account_last4: last4.map(Text::from), ..Counterparty::default() },
+        counterparty: Counterparty { account_last4: last4.map(Text::from), ..Counterparty::default() }.into(),
         payee_ifsc: None,
     })
 }

@@ -163,7 +163,7 @@ fn line_from(value: Value) -> Result<StatementLine> {
         amount: f.string("amount")?,
         status: f.enumeration("status")?,
         time: f.timestamp("time")?,
-        counterparty: counterparty_from(f.take("counterparty")?)?,
+        counterparty: counterparty_from(f.take("counterparty")?)?.into(),
         payee_ifsc: f.optional_string("payee_ifsc")?,
     })
 }

@@ -858,7 +858,7 @@ mod tests {
     //! (borrowed from the simulated provider or owned by a `crawl_result`) and whatever their order.
 
     use super::*;
-    use crate::input::{Counterparty, Direction};
+    use crate::input::Direction;
     use crate::money::Money;
     use proptest::prelude::*;
 
@@ -875,7 +875,7 @@ mod tests {
             amount: "1.00".into(),
             status,
             time: seconds(time),
-            counterparty: Counterparty::default(),
+            counterparty: Default::default(),
             payee_ifsc: ifsc.then(|| "IFSC0001".into()),
         }
     }

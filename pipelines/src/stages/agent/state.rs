@@ -1,6 +1,6 @@
 //! The agent stage's state (SPEC §4): agents, cards, holds, sub-orders, bill tables, journals.
 
-use crate::input::{Counterparty, Direction, LineStatus, Party, Provider, StatementLine, StaticName};
+use crate::input::{Direction, LineCounterparty, LineStatus, Party, Provider, StatementLine, StaticName};
 use crate::money::Money;
 use crate::output::OrderKind;
 use crate::time::Timestamp;
@@ -141,7 +141,7 @@ pub struct Line {
     pub amount: Money,
     pub status: LineStatus,
     pub time: Timestamp,
-    pub counterparty: Counterparty,
+    pub counterparty: LineCounterparty,
     pub payee_ifsc: Option<Text>,
 }
 
@@ -245,7 +245,7 @@ impl BillTable {
     /// Every line, oldest first (time, then txn id), from the first one after `after` (time, txn id).
     pub fn lines_after(&self, after: Option<(Timestamp, &str)>) -> impl Iterator<Item = &BillLine> {
         let start = match after {
-            Some(after) => self.lines.partition_point(|known| (known.line.time, known.line.txn_id.as_str()) <= after),
+            Some((time, txn_id)) => self.lines.first_after(time, txn_id),
             None => 0,
         };
         self.lines.range_from(start)
@@ -253,7 +253,7 @@ impl BillTable {
 
     /// Lines with `lower ≤ time ≤ upper`, oldest first (time, then txn id).
     pub fn window(&self, lower: Timestamp, upper: Timestamp) -> impl Iterator<Item = &BillLine> {
-        let start = self.lines.partition_point(|known| known.line.time < lower);
+        let start = self.lines.first_at_or_after(lower);
         self.lines.range_from(start).take_while(move |known| known.line.time <= upper)
     }
 
@@ -791,7 +791,7 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::{BillTable, Flag, Line};
-    use crate::input::{Counterparty, Direction, LineStatus};
+    use crate::input::{Direction, LineStatus};
     use crate::{Money, Text, Timestamp};
     use proptest::prelude::*;
 
@@ -804,7 +804,7 @@ mod tests {
             amount: Money::from_rupees(1),
             status: LineStatus::Success,
             time: Timestamp::from_millis(seconds * 1000),
-            counterparty: Counterparty::default(),
+            counterparty: Default::default(),
             payee_ifsc: None,
         }
     }
