@@ -99,10 +99,18 @@ impl Engine {
     /// Applies inputs in order, asking the CPU for what each will first read while the one before it is
     /// applied: its event id's slot in the seen set and the entry of the order, agent or card it is for
     /// (tables that outgrow the caches). The same as `apply` on each, in answers and in state.
-    pub fn apply_all(&mut self, inputs: impl IntoIterator<Item = Input>) {
-        let mut inputs = inputs.into_iter().peekable();
-        while let Some(input) = inputs.next() {
-            if let Some(next) = inputs.peek() {
+    pub fn apply_all(&mut self, inputs: Vec<Input>) {
+        let mut inputs = inputs.into_iter();
+        self.apply_next(&mut inputs, usize::MAX);
+    }
+
+    /// Applies the next `count` inputs of `inputs` (fewer if it ends) as `apply_all` does. The next input
+    /// is read where it lies (`as_slice`), not taken out to look at it: an input is 160 bytes, and each
+    /// move is a copy.
+    pub fn apply_next(&mut self, inputs: &mut std::vec::IntoIter<Input>, count: usize) {
+        for _ in 0..count {
+            let Some(input) = inputs.next() else { return };
+            if let Some(next) = inputs.as_slice().first() {
                 self.seen_event_ids.prefetch(&next.event_id);
                 self.announce(input_key(&next.command));
             }

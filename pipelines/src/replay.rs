@@ -98,7 +98,7 @@ pub fn run_streaming(scenario: Scenario, mut take: impl FnMut(Vec<crate::output:
     let last_at = scenario.inputs.last().map(|input| input.at);
     let mut inputs = scenario.inputs.into_iter();
     while inputs.len() > 0 {
-        engine.apply_all(inputs.by_ref().take(STREAM_SLICE_INPUTS));
+        engine.apply_next(&mut inputs, STREAM_SLICE_INPUTS);
         take(engine.take_outputs());
     }
     if let Some(last_at) = last_at {
