@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Statement lines kept per card in the bill table; the oldest lines no sub-order uses are evicted
-/// beyond it, which bounds memory per card (≈ 300 bytes a line).
+/// beyond it, which bounds memory per card (≈ 200 bytes a line with its indexes, ≈ 280 with a named
+/// counterparty).
 pub const BILL_LINES_PER_CARD_MAX: usize = 2_000;
 /// Cards one agent may bind: with the bill-table cap this bounds an agent's statement memory.
 pub const CARDS_PER_AGENT_MAX: usize = 16;
