@@ -875,7 +875,12 @@ mod tests {
             amount: "1.00".into(),
             status,
             time: seconds(time),
-            counterparty: Default::default(),
+            // Some lines name their counterparty: a kept line carries it whether lent or owned.
+            counterparty: crate::input::Counterparty {
+                name: (txn % 3 == 0).then(|| format!("payer {txn}").into()),
+                ..Default::default()
+            }
+            .into(),
             payee_ifsc: ifsc.then(|| "IFSC0001".into()),
         }
     }
