@@ -877,7 +877,7 @@ mod tests {
             time: seconds(time),
             // Some lines name their counterparty: a kept line carries it whether lent or owned.
             counterparty: crate::input::Counterparty {
-                name: (txn % 3 == 0).then(|| format!("payer {txn}").into()),
+                name: txn.is_multiple_of(3).then(|| format!("payer {txn}").into()),
                 ..Default::default()
             }
             .into(),
