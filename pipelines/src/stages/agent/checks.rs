@@ -819,7 +819,7 @@ impl Page {
         if matches!(kind, RequestKind::Detail { .. }) {
             let Some(line) = raw.next() else { return Ok(Page::empty()) };
             let last_time = raw.last().map_or(line.time, |last| last.time);
-            let detail = Some(Line::from_cow(parse(&line)?, line));
+            let detail = Some(Line::from_statement(parse(&line)?, line.into_owned()));
             return Ok(Page { detail, count, last_time: Some(last_time), ..Page::empty() });
         }
         let reservoir = matches!(kind, RequestKind::Reservoir);
@@ -844,7 +844,7 @@ impl Page {
             });
             if !unchanged {
                 let amount = parse(&line)?;
-                lines.push(Line::from_cow(amount, line));
+                lines.push(Line::from_statement(amount, line.into_owned()));
             }
         }
         Ok(Page { lines, count, last_time, txn_ids, detail: None })

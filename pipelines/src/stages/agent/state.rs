@@ -161,30 +161,6 @@ impl Line {
             payee_ifsc: line.payee_ifsc,
         }
     }
-
-    /// The same from a line the provider lends (replay's simulated provider): copies only what a bill
-    /// line keeps, not the whole statement line first.
-    pub fn from_statement_ref(amount: Money, line: &StatementLine) -> Line {
-        Line {
-            amount,
-            txn_id: line.txn_id.clone(),
-            utr: line.utr.as_ref().filter(|utr| !utr.is_empty()).cloned(),
-            utr_supported: line.utr_supported,
-            direction: line.direction,
-            status: line.status,
-            time: line.time,
-            counterparty: line.counterparty.clone(),
-            payee_ifsc: line.payee_ifsc.clone(),
-        }
-    }
-
-    /// From a statement line owned or lent.
-    pub fn from_cow(amount: Money, line: std::borrow::Cow<'_, StatementLine>) -> Line {
-        match line {
-            std::borrow::Cow::Borrowed(line) => Line::from_statement_ref(amount, line),
-            std::borrow::Cow::Owned(line) => Line::from_statement(amount, line),
-        }
-    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
