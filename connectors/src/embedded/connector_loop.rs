@@ -32,7 +32,7 @@ pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Resu
     while !embedded.stopping() {
         let asked = ask_batch(&embedded, &connector, next).await?;
         if let Some(commit) = committing.take() {
-            finish(&embedded, commit).await?;
+            finish(commit).await?;
         }
         match asked {
             Some((last_offset, batch)) => {
@@ -46,27 +46,31 @@ pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Resu
         }
     }
     if let Some(commit) = committing.take() {
-        finish(&embedded, commit).await?;
+        finish(commit).await?;
     }
     Ok(())
 }
 
-/// A batch's commit in flight, and the logs it appends to (their consumers are woken once it is in).
+/// A batch's commit in flight (the consumers of the logs it appends to are woken once it is in).
 struct Commit {
     task: tokio::task::JoinHandle<Result<(), RuntimeError>>,
-    logs: Vec<String>,
 }
 
+/// The agent partitions waiting for these answers are woken as soon as the commit is in, by the commit
+/// task itself: `finish` runs only after the next batch's crawls, a whole provider round trip later.
 fn start_commit(embedded: &Embedded, batch: WriteBatch) -> Commit {
-    let logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
     let committer = embedded.clone();
-    Commit { task: tokio::task::spawn_blocking(move || committer.store().commit(batch)), logs }
+    let task = tokio::task::spawn_blocking(move || {
+        committer.store().commit(batch)?;
+        committer.ring(&logs);
+        Ok(())
+    });
+    Commit { task }
 }
 
-async fn finish(embedded: &Embedded, commit: Commit) -> Result<(), RuntimeError> {
-    commit.task.await.map_err(|error| RuntimeError::Fatal(format!("the commit task failed: {error}")))??;
-    embedded.ring(&commit.logs);
-    Ok(())
+async fn finish(commit: Commit) -> Result<(), RuntimeError> {
+    commit.task.await.map_err(|error| RuntimeError::Fatal(format!("the commit task failed: {error}")))?
 }
 
 /// Reads the outputs from offset `from` on (at most a batch), asks the provider for every crawl among
