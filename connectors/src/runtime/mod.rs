@@ -335,16 +335,40 @@ pub fn apply_batch<S: Store + ?Sized>(
     records_max: usize,
     batch: &mut WriteBatch,
 ) -> Result<usize, RuntimeError> {
+    let log = {
+        let state = read_lock(partition);
+        stage_log(state.kind(), state.partition())
+    };
+    let from = store.committed(&log)?;
+    apply_batch_from(store, partition, partitions, records_max, from, batch)
+}
+
+/// [`apply_batch`] from offset `from` of the partition's log: its committed offset, or, while the
+/// batch before is still committing, the offset that batch moves it to (a processing thread that
+/// applies its next batch during the commit of the last, `crate::embedded`). Returns the records
+/// consumed; the batch's new offset for the log is `from` plus that.
+pub fn apply_batch_from<S: Store + ?Sized>(
+    store: &S,
+    partition: &std::sync::RwLock<pipelines::partition::StagePartition>,
+    partitions: u32,
+    records_max: usize,
+    from: u64,
+    batch: &mut WriteBatch,
+) -> Result<usize, RuntimeError> {
     let (kind, index) = {
         let state = read_lock(partition);
         (state.kind(), state.partition())
     };
     let log = stage_log(kind, index);
-    let from = store.committed(&log)?;
     let records = store.read(&log, from, records_max)?;
     let Some(&(last_offset, _)) = records.last() else {
         return Ok(0);
     };
+    // A log has no gaps, and the batch consumes `from..=last_offset`, each record once: the caller's next
+    // offset (`from` plus the records consumed) depends on it.
+    if records.first().map(|(offset, _)| *offset) != Some(from) || last_offset + 1 - from != records.len() as u64 {
+        return Err(RuntimeError::Fatal(format!("{log}: the records read from {from} are not contiguous")));
+    }
     let mut produced = pipelines::partition::Produced::default();
     // The write lock is taken per chunk, so that readers of this partition's state (the API) wait for
     // a few records at most, not a whole batch.
