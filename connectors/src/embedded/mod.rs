@@ -496,11 +496,10 @@ fn run_rounds(
     owned: &[(Arc<RwLock<StagePartition>>, String)],
     doorbell: &Doorbell,
 ) -> Result<(), RuntimeError> {
-    // Commits of this instance ring the doorbell; another instance's (sharing the partitions) do not.
-    let idle_wait_ms = if inner.assigned.is_some() { SHARED_IDLE_WAIT_MS } else { IDLE_WAIT_MS };
     while !inner.stopping.load(Ordering::SeqCst) {
         if process_round(inner, owned)? == 0 {
-            doorbell.wait(Duration::from_millis(idle_wait_ms));
+            // Commits of this instance ring the doorbell; another instance's (sharing the partitions) do not.
+            doorbell.wait(Duration::from_millis(SHARED_IDLE_WAIT_MS));
         }
     }
     Ok(())
@@ -617,12 +616,10 @@ fn run_pipelined(
                 doorbell.wait(Duration::from_millis(IDLE_WAIT_MS));
             }
         };
-        // A stop lets the round in flight commit, as a sequential round would have.
+        // A stop lets the round in flight commit, as a sequential round would have, and reports its failure.
         drop(rounds);
-        if in_flight {
-            let _ = commit_outcomes.recv();
-        }
-        stopped
+        let last_commit = if in_flight { commit_outcomes.recv().unwrap_or(Ok(())) } else { Ok(()) };
+        stopped.and(last_commit)
     })
 }
 
