@@ -29,8 +29,9 @@ pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 1024;
 pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
     let mut next = embedded.store().committed(CONNECTOR_CONSUMER)?;
     let mut committing: Option<Commit> = None;
+    let early = EarlyAnswers::start(&embedded, &connector);
     while !embedded.stopping() {
-        let asked = ask_batch(&embedded, &connector, next).await?;
+        let asked = ask_batch(&embedded, &connector, next, &early).await?;
         if let Some(commit) = committing.take() {
             finish(commit).await?;
         }
@@ -80,6 +81,7 @@ async fn ask_batch(
     embedded: &Embedded,
     connector: &Arc<StatementConnector>,
     from: u64,
+    early: &EarlyAnswers,
 ) -> Result<Option<(u64, WriteBatch)>, RuntimeError> {
     let records = embedded.store().read(OUTPUTS_LOG, from, CONNECTOR_BATCH_RECORDS_MAX)?;
     let Some(&(last_offset, _)) = records.last() else {
@@ -103,7 +105,19 @@ async fn ask_batch(
         let request = request.clone();
         // On the event clock the provider answers as of the answer's event time (replay's answer).
         let as_of = event_answer_time(embedded, *requested_at);
-        calls.spawn(async move { (index, connector.crawl_as_of(&request, as_of).await) });
+        let asked_early = early.take(&request.request_id);
+        calls.spawn(async move {
+            let answered_early = match asked_early {
+                Some(call) => call.await.ok(),
+                None => None,
+            };
+            // A call asked early that did not finish (its task failed or was dropped) is asked again.
+            let answer = match answered_early {
+                Some(answer) => answer,
+                None => connector.crawl_as_of(&request, as_of).await,
+            };
+            (index, answer)
+        });
     }
     let mut results = vec![None; requests.len()];
     while let Some(joined) = calls.join_next().await {
@@ -120,6 +134,70 @@ async fn ask_batch(
     }
     batch.offsets.push((CONNECTOR_CONSUMER.to_string(), last_offset + 1));
     Ok(Some((last_offset, batch)))
+}
+
+/// Calls to the provider started before their request was committed (`Embedded::take_early_crawls`):
+/// the round that made the request commits meanwhile, so the provider round trip is off the answer
+/// barrier's critical path. Only the call is early: an answer is still appended when the request is read
+/// from the outputs log, as the same record it would have been. On the event clock the call asks as of
+/// the same event time, so it gets the same answer; on the system clock, as of a few milliseconds
+/// earlier, as a connector batch's first answers already were. A task starts the calls as soon as a
+/// processing thread hands requests over; at most [`EARLY_ANSWERS_MAX`] are kept, and a request the
+/// outputs log never shows (its round failed to commit, and the service stops) is dropped with the rest
+/// when the bound is reached.
+struct EarlyAnswers {
+    calls: Arc<std::sync::Mutex<EarlyCalls>>,
+    starter: tokio::task::JoinHandle<()>,
+}
+
+type EarlyCalls = std::collections::HashMap<pipelines::Text, tokio::task::JoinHandle<pipelines::input::CrawlResult>>;
+
+/// Early calls kept at most (a few batches' worth).
+const EARLY_ANSWERS_MAX: usize = 4 * CONNECTOR_BATCH_RECORDS_MAX;
+
+impl EarlyAnswers {
+    /// Starts the task that starts a call for every request handed over.
+    fn start(embedded: &Embedded, connector: &Arc<StatementConnector>) -> EarlyAnswers {
+        let calls: Arc<std::sync::Mutex<EarlyCalls>> = Arc::default();
+        let (embedded, connector, shared) = (embedded.clone(), Arc::clone(connector), Arc::clone(&calls));
+        let added = embedded.early_crawls_added();
+        let starter = tokio::spawn(async move {
+            loop {
+                added.notified().await;
+                let crawls = embedded.take_early_crawls();
+                let mut calls = lock(&shared);
+                for (requested_at, request) in crawls {
+                    if calls.len() >= EARLY_ANSWERS_MAX {
+                        calls.drain().for_each(|(_, call)| call.abort());
+                    }
+                    let as_of = event_answer_time(&embedded, requested_at);
+                    let (connector, request_id) = (Arc::clone(&connector), request.request_id.clone());
+                    let call = tokio::spawn(async move { connector.crawl_as_of(&request, as_of).await });
+                    if let Some(replaced) = calls.insert(request_id, call) {
+                        replaced.abort();
+                    }
+                }
+            }
+        });
+        EarlyAnswers { calls, starter }
+    }
+
+    /// The early call for `request_id`, if one was started.
+    fn take(&self, request_id: &str) -> Option<tokio::task::JoinHandle<pipelines::input::CrawlResult>> {
+        lock(&self.calls).remove(request_id)
+    }
+}
+
+/// The loop ends (stopped, or failed): no call is started or awaited any more.
+impl Drop for EarlyAnswers {
+    fn drop(&mut self) {
+        self.starter.abort();
+        lock(&self.calls).drain().for_each(|(_, call)| call.abort());
+    }
+}
+
+fn lock(calls: &std::sync::Mutex<EarlyCalls>) -> std::sync::MutexGuard<'_, EarlyCalls> {
+    calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether an outputs-log record may be a `crawl_requested`: its JSON has the type's tag, as the
@@ -166,8 +244,79 @@ fn answer_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedded::EmbeddedConfig;
+    use crate::statement::StatementConfig;
+    use crate::wallet_sim_http::{serve_state, SimClock, WalletSimState};
     use pipelines::output::{CrawlMode, Output};
     use pipelines::partition::RecordId;
+
+    fn crawl_request(card_id: &str, number: u32) -> CrawlRequested {
+        CrawlRequested {
+            request_id: format!("{card_id}:{number}").into(),
+            user_id: "u1".into(),
+            card_id: card_id.into(),
+            provider: pipelines::input::Provider::Paytm,
+            mode: CrawlMode::OrderCheck,
+            order: Some(pipelines::output::PageOrder::Desc),
+            from: None,
+            limit: Some(50),
+            txn_id: None,
+        }
+    }
+
+    /// A request handed over before its round commits is asked of the provider then, once: the answer
+    /// the connector takes for it is the one a call made when the request is read would get.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_handed_over_early_is_asked_once_with_the_same_answer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let base_url = format!("http://{}", listener.local_addr().expect("an address"));
+        let sim = WalletSimState::new(SimClock::Event);
+        let (_shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_state(listener, sim.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let at = Timestamp::parse("2026-03-02T09:30:00Z").expect("a time");
+        let line = serde_json::json!({"type": "wallet_line", "at": at.to_string(), "card_id": "k1", "line": {
+            "txn_id": "t1", "utr": "UTR1", "direction": "in", "amount": "456.00", "status": "success",
+            "time": at.to_string()}});
+        let posted = reqwest::Client::new()
+            .post(format!("{base_url}/sim/v1/events"))
+            .json(&serde_json::json!([line]))
+            .send()
+            .await
+            .expect("posted");
+        assert!(posted.status().is_success());
+
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig::new(directory.path().to_path_buf(), crate::runtime::ClockMode::Event);
+        let embedded = tokio::task::spawn_blocking(move || Embedded::start(config)).await.expect("joined");
+        let embedded = embedded.expect("starts");
+        embedded.attach_connector();
+        let connector = Arc::new(StatementConnector::new(&StatementConfig::new(&base_url)).expect("a connector"));
+        let early = EarlyAnswers::start(&embedded, &connector);
+        let request = crawl_request("k1", 1);
+        let requested_at = at.plus_seconds(60);
+        crate::embedded::publish_early_crawls(&embedded, vec![(requested_at, request.clone())]);
+        let started = std::time::Instant::now();
+        let call = loop {
+            if let Some(call) = early.take(&request.request_id) {
+                break call;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "the early call was never started");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let answered_early = call.await.expect("the early call finished");
+        assert_eq!(sim.stats().card_requests, 1, "asked once");
+        assert!(early.take(&request.request_id).is_none(), "an early answer is taken once");
+        let answered_late = connector.crawl_as_of(&request, event_answer_time(&embedded, requested_at)).await;
+        assert_eq!(answered_early, answered_late);
+        match &answered_early {
+            pipelines::input::CrawlResult { ok: true, lines, .. } => assert_eq!(lines.len(), 1, "{answered_early:?}"),
+            other => panic!("not a page: {other:?}"),
+        }
+        drop(early);
+        tokio::task::spawn_blocking(move || embedded.stop()).await.expect("stopped");
+    }
 
     #[test]
     fn every_crawl_request_the_runtime_writes_is_recognised() {

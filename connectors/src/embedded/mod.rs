@@ -119,6 +119,11 @@ pub(crate) struct Inner {
     ingested_at_max_ms: AtomicI64,
     /// Whether a statement connector consumes the outputs log (it counts in the lag only then).
     pub(crate) connector_attached: AtomicBool,
+    /// Crawl requests applied and not yet committed, for the attached connector to ask the provider
+    /// about while their round commits ([`Embedded::take_early_crawls`]); at most [`EARLY_CRAWLS_MAX`].
+    early_crawls: Mutex<Vec<(Timestamp, pipelines::output::CrawlRequested)>>,
+    /// Notified whenever `early_crawls` gets new requests.
+    early_crawls_added: Arc<tokio::sync::Notify>,
     /// Whether this instance takes inputs (false: one of several instances sharing the partitions, not
     /// the one that ingests; see [`Embedded::refuse_ingestion`]).
     ingests: AtomicBool,
@@ -229,6 +234,8 @@ impl Embedded {
             failure: Mutex::new(None),
             ingested_at_max_ms: AtomicI64::new(ingested_at_max_ms),
             connector_attached: AtomicBool::new(false),
+            early_crawls: Mutex::new(Vec::new()),
+            early_crawls_added: Arc::new(tokio::sync::Notify::new()),
             ingests: AtomicBool::new(true),
             projector: read_model.map(|model| Arc::new(projector::Projector::new(model))),
             assigned: shared.then(|| RwLock::new(std::collections::BTreeSet::new())),
@@ -370,6 +377,47 @@ impl Embedded {
     pub fn attach_connector(&self) {
         self.inner.connector_attached.store(true, Ordering::SeqCst);
     }
+
+    /// The crawl requests applied since the last call, before their round is committed: the connector
+    /// may ask the provider about them early, and still appends each answer only once it has read the
+    /// request from the outputs log (committed), as it does for any other.
+    pub fn take_early_crawls(&self) -> Vec<(Timestamp, pipelines::output::CrawlRequested)> {
+        std::mem::take(&mut *self.inner.early_crawls.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Notified whenever [`Embedded::take_early_crawls`] has new requests to give.
+    pub fn early_crawls_added(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.inner.early_crawls_added)
+    }
+}
+
+/// Hands `crawls` over as a processing thread does after applying a round (for the connector's tests).
+#[cfg(test)]
+pub(crate) fn publish_early_crawls(
+    embedded: &Embedded,
+    mut crawls: Vec<(Timestamp, pipelines::output::CrawlRequested)>,
+) {
+    hand_over_early_crawls(&embedded.inner, &mut crawls);
+}
+
+/// Crawl requests waiting for the connector to take them early; beyond this, later ones are asked only
+/// once committed (bounds the list while no connector runs the loop that takes them).
+const EARLY_CRAWLS_MAX: usize = 4_096;
+
+/// Hands the crawl requests a round produced to the attached connector before the round commits, and
+/// wakes it: the provider round trip then overlaps the commit (answer barrier, README "Performance").
+fn hand_over_early_crawls(inner: &Inner, crawls: &mut Vec<(Timestamp, pipelines::output::CrawlRequested)>) {
+    if crawls.is_empty() || !inner.connector_attached.load(Ordering::SeqCst) {
+        crawls.clear();
+        return;
+    }
+    {
+        let mut early = inner.early_crawls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let room = EARLY_CRAWLS_MAX.saturating_sub(early.len());
+        early.extend(crawls.drain(..).take(room));
+    }
+    crawls.clear();
+    inner.early_crawls_added.notify_one();
 }
 
 fn ring<'a>(inner: &Inner, logs: impl IntoIterator<Item = &'a String>) {
@@ -544,6 +592,7 @@ fn apply_round(
         *from += records as u64;
         consumed += records;
     }
+    hand_over_early_crawls(inner, &mut batch.crawls);
     Ok((batch, consumed))
 }
 

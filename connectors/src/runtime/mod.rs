@@ -252,6 +252,10 @@ pub struct WriteBatch {
     pub touched: Vec<(pipelines::partition::StageKind, pipelines::Text)>,
     /// Partition snapshots, each as of the offset committed with it.
     pub snapshots: Vec<Snapshot>,
+    /// The `crawl_requested` outputs among the appends, with their event time (not stored: what the
+    /// embedded runtime hands the statement connector before the commit, so that it can ask the
+    /// provider meanwhile).
+    pub crawls: Vec<(pipelines::Timestamp, pipelines::output::CrawlRequested)>,
 }
 
 /// The log a stage partition consumes.
@@ -507,6 +511,9 @@ fn encode_produced(
         batch.appends.push((target, encode(&record)?));
     }
     for (index, output) in produced.outputs.drain(..).enumerate() {
+        if let pipelines::output::OutputBody::CrawlRequested(request) = &output.body {
+            batch.crawls.push((output.at, request.clone()));
+        }
         let record = OutputRecord { id: id(first_output + index), output };
         batch.appends.push((OUTPUTS_LOG.to_string(), encode(&record)?));
     }
