@@ -142,9 +142,9 @@ async fn ask_batch(
 /// from the outputs log, as the same record it would have been. On the event clock the call asks as of
 /// the same event time, so it gets the same answer; on the system clock, as of a few milliseconds
 /// earlier, as a connector batch's first answers already were. A task starts the calls as soon as a
-/// processing thread hands requests over; at most [`EARLY_ANSWERS_MAX`] are kept, and a request the
-/// outputs log never shows (its round failed to commit, and the service stops) is dropped with the rest
-/// when the bound is reached.
+/// processing thread hands requests over; at most [`EARLY_ANSWERS_MAX`] are kept. A call nobody takes
+/// (its round failed to commit, and the service stops; or, rarely, it started only after the connector
+/// had read the request and called itself) is dropped with the rest when the bound is reached.
 struct EarlyAnswers {
     calls: Arc<std::sync::Mutex<EarlyCalls>>,
     starter: tokio::task::JoinHandle<()>,
