@@ -4,7 +4,7 @@
 //! provider (reads are idempotent) but never appends an answer twice.
 
 use super::{system_now, Embedded};
-use crate::runtime::{encode, stage_log, ClockMode, OutputRecord, RuntimeError, WriteBatch};
+use crate::runtime::{encode, lock, stage_log, ClockMode, OutputRecord, RuntimeError, WriteBatch};
 use crate::runtime::{CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use crate::statement::StatementConnector;
 use pipelines::input::Command;
@@ -194,10 +194,6 @@ impl Drop for EarlyAnswers {
         self.starter.abort();
         lock(&self.calls).drain().for_each(|(_, call)| call.abort());
     }
-}
-
-fn lock(calls: &std::sync::Mutex<EarlyCalls>) -> std::sync::MutexGuard<'_, EarlyCalls> {
-    calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether an outputs-log record may be a `crawl_requested`: its JSON has the type's tag, as the

@@ -15,7 +15,7 @@ pub mod reprocess;
 pub mod store;
 
 use crate::runtime::{
-    apply_batch_from, commit_applied, encode, for_each_record, read_lock, restore, stage_log, Appended,
+    apply_batch_from, commit_applied, encode, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, KeyOwners, KeyValueTable, PipelineHandle, RuntimeError, Store, WriteBatch,
     OUTPUTS_LOG,
 };
@@ -382,7 +382,7 @@ impl Embedded {
     /// may ask the provider about them early, and still appends each answer only once it has read the
     /// request from the outputs log (committed), as it does for any other.
     pub fn take_early_crawls(&self) -> Vec<(Timestamp, pipelines::output::CrawlRequested)> {
-        std::mem::take(&mut *self.inner.early_crawls.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        std::mem::take(&mut *lock(&self.inner.early_crawls))
     }
 
     /// Notified whenever [`Embedded::take_early_crawls`] has new requests to give.
@@ -411,12 +411,11 @@ fn hand_over_early_crawls(inner: &Inner, crawls: &mut Vec<(Timestamp, pipelines:
         crawls.clear();
         return;
     }
-    {
-        let mut early = inner.early_crawls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let room = EARLY_CRAWLS_MAX.saturating_sub(early.len());
-        early.extend(crawls.drain(..).take(room));
-    }
-    crawls.clear();
+    let mut early = lock(&inner.early_crawls);
+    let room = EARLY_CRAWLS_MAX.saturating_sub(early.len());
+    // Draining empties the round's list whatever is kept of it.
+    early.extend(crawls.drain(..).take(room));
+    drop(early);
     inner.early_crawls_added.notify_one();
 }
 
@@ -556,7 +555,7 @@ fn run_rounds(
 /// Applies one batch of every owned partition and commits them together; returns the records consumed.
 fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)]) -> Result<usize, RuntimeError> {
     let _gate = read_lock(&inner.gate);
-    let mut from = owned.iter().map(|(_, log)| inner.store.committed(log)).collect::<Result<Vec<u64>, _>>()?;
+    let mut from = committed_offsets(inner, owned)?;
     let (mut batch, consumed) = apply_round(inner, owned, &mut from)?;
     if consumed > 0 {
         let touched = std::mem::take(&mut batch.touched);
@@ -564,6 +563,11 @@ fn process_round(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)])
         committed(inner, &appended, touched);
     }
     Ok(consumed)
+}
+
+/// Each owned partition's committed offset: where its next round starts when none is in flight.
+fn committed_offsets(inner: &Inner, owned: &[(Arc<RwLock<StagePartition>>, String)]) -> Result<Vec<u64>, RuntimeError> {
+    owned.iter().map(|(_, log)| inner.store.committed(log)).collect()
 }
 
 /// Applies one batch of every owned (and assigned) partition, each from its offset in `from`, which it
@@ -619,7 +623,7 @@ fn run_pipelined(
     owned: &[(Arc<RwLock<StagePartition>>, String)],
     doorbell: &Doorbell,
 ) -> Result<(), RuntimeError> {
-    let mut from = owned.iter().map(|(_, log)| inner.store.committed(log)).collect::<Result<Vec<u64>, _>>()?;
+    let mut from = committed_offsets(inner, owned)?;
     let (rounds, to_commit) = std::sync::mpsc::sync_channel::<WriteBatch>(1);
     let (outcomes, commit_outcomes) = std::sync::mpsc::sync_channel::<Result<(), RuntimeError>>(1);
     std::thread::scope(|scope| {

@@ -13,7 +13,7 @@
 
 use super::reads;
 use super::{Doorbell, Inner};
-use crate::runtime::{stage_log, RuntimeError};
+use crate::runtime::{lock, stage_log, RuntimeError};
 use crate::scylla::{BillLineKey, ReadModel, Write};
 use pipelines::partition::StageKind;
 use pipelines::stages::agent::state::{Agent, SubOrder, SubState};
@@ -57,10 +57,6 @@ fn fingerprint(value: &impl Hash) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     value.hash(&mut hasher);
     hasher.finish()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Projector {

@@ -12,7 +12,7 @@
 //! drops ids it has applied (`StagePartition`), so a record delivered twice changes nothing.
 
 use super::config::KafkaConfig;
-use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
+use crate::runtime::{lock, Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
@@ -141,10 +141,6 @@ fn kafka_error(what: &str, error: &KafkaError) -> RuntimeError {
         }
         _ => RuntimeError::Fatal(message),
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl KafkaStore {

@@ -306,6 +306,11 @@ pub fn write_lock<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard
     lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Locks a mutex even if a panicking thread poisoned it (see [`read_lock`]).
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The read-process-write step of one stage partition: reads up to `records_max` records after the
 /// committed offset, applies them to the pure stage, and commits what they produced together with the
 /// new offset in one atomic batch. State in memory runs ahead of the commit only by this batch; if the
