@@ -126,13 +126,13 @@ fn prepare_all(
 ) -> Result<Vec<Input>, (usize, ApiError)> {
     // One stamp per request: the events of a bulk request happen together.
     let now = (state.clock == ClockMode::System).then(|| state.stamp());
-    let mut known = Known::new(state.pipeline.as_ref());
+    let mut known = Known::new(state.pipeline.ingestion_checks());
     let mut inputs = Vec::with_capacity(objects.len());
     for (index, object) in objects.into_iter().enumerate() {
         let input = prepare(state, caller, object, now).map_err(|error| (index, error))?;
         // A retry of an event appended before is answered `duplicate: true` by the append, whatever the
         // state now says (the checks below would call a retried creation a conflict).
-        if state.pipeline.event_position(&input.event_id).is_none() {
+        if !known.appended_before(&input.event_id) {
             known.check(&input.command).map_err(|error| (index, error))?;
         }
         known.record(&input.command);

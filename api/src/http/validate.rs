@@ -3,7 +3,7 @@
 //! between this read and the append); this only keeps visibly bad input off the log.
 
 use super::error::{ApiError, Entity};
-use connectors::runtime::PipelineHandle;
+use connectors::runtime::IngestionChecks;
 use pipelines::input::{CardBound, Command, MerchantRegistered, Party};
 use pipelines::money::{Money, Rate};
 use pipelines::stages::{amount_max, non_negative_amount, positive_amount};
@@ -12,7 +12,8 @@ use std::collections::{HashMap, HashSet};
 /// Materialised state plus the ids created by earlier events of the same request, so a bulk request
 /// may register a merchant and create its orders together.
 pub struct Known<'a> {
-    pipeline: &'a dyn PipelineHandle,
+    /// One request's lookups (one read transaction in the embedded store).
+    checks: Box<dyn IngestionChecks + 'a>,
     merchants: HashSet<String>,
     users: HashSet<String>,
     orders: HashSet<String>,
@@ -21,9 +22,9 @@ pub struct Known<'a> {
 }
 
 impl<'a> Known<'a> {
-    pub fn new(pipeline: &'a dyn PipelineHandle) -> Known<'a> {
+    pub fn new(checks: Box<dyn IngestionChecks + 'a>) -> Known<'a> {
         Known {
-            pipeline,
+            checks,
             merchants: HashSet::new(),
             users: HashSet::new(),
             orders: HashSet::new(),
@@ -35,23 +36,28 @@ impl<'a> Known<'a> {
     // a request's earlier input was checked against needs no second look (each is a read transaction).
     // Ids not found are not: a later input of the request may create them.
 
+    /// Whether an input with this event id was appended before (a retry).
+    pub fn appended_before(&self, event_id: &str) -> bool {
+        self.checks.event_position(event_id).is_some()
+    }
+
     fn has_merchant(&mut self, merchant_id: &str) -> bool {
-        remember(&mut self.merchants, merchant_id, |id| self.pipeline.merchant_exists(id))
+        remember(&mut self.merchants, merchant_id, |id| self.checks.merchant_exists(id))
     }
 
     fn has_user(&mut self, user_id: &str) -> bool {
-        remember(&mut self.users, user_id, |id| self.pipeline.user_exists(id))
+        remember(&mut self.users, user_id, |id| self.checks.user_exists(id))
     }
 
     fn has_order(&mut self, order_id: &str) -> bool {
-        remember(&mut self.orders, order_id, |id| self.pipeline.order_merchant(id).is_some())
+        remember(&mut self.orders, order_id, |id| self.checks.order_merchant(id).is_some())
     }
 
     fn card_owner(&mut self, card_id: &str) -> Option<String> {
         if let Some(owner) = self.cards.get(card_id) {
             return Some(owner.clone());
         }
-        let owner = self.pipeline.card_owner(card_id)?;
+        let owner = self.checks.card_owner(card_id)?;
         self.cards.insert(card_id.to_string(), owner.clone());
         Some(owner)
     }

@@ -16,8 +16,8 @@ pub mod store;
 
 use crate::runtime::{
     apply_batch_from, commit_applied, encode, for_each_record, lock, read_lock, restore, stage_log, Appended,
-    AssignmentListener, ClockMode, Ingested, KeyOwners, KeyValueTable, PipelineHandle, RuntimeError, Store, WriteBatch,
-    OUTPUTS_LOG,
+    AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
+    PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
@@ -894,8 +894,32 @@ impl Inner {
         Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys, at_ms })
     }
 
+    /// The owner ingestion recorded for `kind:id`, read through `reader` when there is one.
+    fn ingested_owner_in(&self, reader: Option<&dyn IngestionReader>, kind: &str, id: &str) -> Option<String> {
+        let key = format!("{kind}:{id}");
+        match reader {
+            Some(reader) => reader.ingested_key(&key),
+            None => self.store.ingested_key(&key),
+        }
+        .ok()
+        .flatten()
+    }
+
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {
-        self.store.ingested_key(&format!("{kind}:{id}")).ok().flatten()
+        self.ingested_owner_in(None, kind, id)
+    }
+
+    // An order's merchant and a card's agent are read from the keys ingestion recorded first, and from
+    // the partitions' state only when there is none: the keys answer without the partitions' locks,
+    // which a processing thread holds while it applies a round. Both name the same owner: it is
+    // recorded once, by the input that created the order or bound the card, and never changes.
+
+    fn order_merchant_in(&self, reader: Option<&dyn IngestionReader>, order_id: &str) -> Option<String> {
+        self.ingested_owner_in(reader, "order", order_id).or_else(|| reads::order_merchant(self, order_id))
+    }
+
+    fn card_owner_in(&self, reader: Option<&dyn IngestionReader>, card_id: &str) -> Option<String> {
+        self.ingested_owner_in(reader, "card", card_id).or_else(|| reads::card_owner(self, card_id))
     }
 
     fn records_of(&self, input: Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
@@ -921,6 +945,39 @@ impl Inner {
                 command.type_name()
             ))),
         }
+    }
+}
+
+/// One request's ingestion checks, from one read transaction of the store.
+struct EmbeddedChecks<'a> {
+    inner: &'a Inner,
+    reader: Option<Box<dyn IngestionReader>>,
+}
+
+impl IngestionChecks for EmbeddedChecks<'_> {
+    fn event_position(&self, event_id: &str) -> Option<u64> {
+        match &self.reader {
+            Some(reader) => reader.event_position(event_id),
+            None => self.inner.store.event_position(event_id),
+        }
+        .ok()
+        .flatten()
+    }
+
+    fn order_merchant(&self, order_id: &str) -> Option<String> {
+        self.inner.order_merchant_in(self.reader.as_deref(), order_id)
+    }
+
+    fn user_exists(&self, user_id: &str) -> bool {
+        self.inner.ingested_owner_in(self.reader.as_deref(), "user", user_id).is_some()
+    }
+
+    fn merchant_exists(&self, merchant_id: &str) -> bool {
+        self.inner.ingested_owner_in(self.reader.as_deref(), "merchant", merchant_id).is_some()
+    }
+
+    fn card_owner(&self, card_id: &str) -> Option<String> {
+        self.inner.card_owner_in(self.reader.as_deref(), card_id)
     }
 }
 
@@ -965,8 +1022,14 @@ impl PipelineHandle for Embedded {
         reads::order(&self.inner, order_id)
     }
 
+    fn ingestion_checks(&self) -> Box<dyn IngestionChecks + '_> {
+        // Without a reader (a store error), each lookup opens its own transaction as before.
+        let reader = self.inner.store.ingestion_reader().ok().flatten();
+        Box::new(EmbeddedChecks { inner: &self.inner, reader })
+    }
+
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        reads::order_merchant(&self.inner, order_id).or_else(|| self.inner.ingested_owner("order", order_id))
+        self.inner.order_merchant_in(None, order_id)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1002,7 +1065,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        reads::card_owner(&self.inner, card_id).or_else(|| self.inner.ingested_owner("card", card_id))
+        self.inner.card_owner_in(None, card_id)
     }
 
     fn snapshot(&self) -> serde_json::Value {
@@ -1111,6 +1174,59 @@ mod tests {
         let restarted = Embedded::start(config).expect("restarts");
         assert_eq!(reads::snapshot(&restarted.inner), built);
         restarted.stop();
+    }
+
+    /// A request's checks (`ingestion_checks`, one read transaction) answer as the pipeline's own
+    /// lookups do, for ids that exist and ids that do not, and an order's merchant and a card's agent
+    /// are answered while processing threads hold every partition (they are the keys ingestion
+    /// recorded, not partition state).
+    #[test]
+    fn a_request_s_checks_answer_as_the_pipeline_does_without_the_partitions() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        let inputs: Vec<Input> = pipelines::workload::workload(8, 1)
+            .into_iter()
+            .filter(|input| !input.command.type_name().starts_with("wallet_"))
+            .collect();
+        let embedded = Embedded::start(config).expect("starts");
+        embedded.append(inputs.clone()).expect("appended");
+        let started = std::time::Instant::now();
+        while embedded.lag() > 0 {
+            assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let checks = embedded.ingestion_checks();
+        for (index, input) in inputs.iter().enumerate() {
+            assert_eq!(checks.event_position(&input.event_id), Some(index as u64), "{}", input.event_id);
+        }
+        assert_eq!(checks.event_position("never-sent"), None);
+        for id in ["m0", "u0", "u7", "c0-0", "p0-7", "k3", "m99", "u99", "c9-9", "k99"] {
+            assert_eq!(checks.merchant_exists(id), embedded.merchant_exists(id), "merchant {id}");
+            assert_eq!(checks.user_exists(id), embedded.user_exists(id), "user {id}");
+            assert_eq!(checks.order_merchant(id), embedded.order_merchant(id), "order {id}");
+            assert_eq!(checks.card_owner(id), embedded.card_owner(id), "card {id}");
+        }
+        assert!(checks.merchant_exists("m0") && checks.user_exists("u7") && !checks.user_exists("u99"));
+        assert_eq!(checks.order_merchant("c0-0").as_deref(), Some("m0"));
+        assert_eq!(checks.card_owner("k3").as_deref(), Some("u3"));
+        assert_eq!(checks.card_owner("k99"), None);
+        drop(checks);
+
+        let locks: Vec<_> =
+            embedded.inner.partitions.values().map(|partition| crate::runtime::write_lock(partition)).collect();
+        let (answered, answer) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let checks = embedded.ingestion_checks();
+                let _ = answered.send((checks.order_merchant("p0-7"), checks.card_owner("k5")));
+            });
+            let owners = answer.recv_timeout(Duration::from_secs(10));
+            drop(locks);
+            let (merchant, card_owner) = owners.expect("answered while every partition was held");
+            assert_eq!(merchant.as_deref(), Some("m0"));
+            assert_eq!(card_owner.as_deref(), Some("u5"));
+        });
+        embedded.stop();
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
 //! consumer offset survive a kill -9 together or not at all.
 
-use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
+use crate::runtime::{Appended, IngestEncoder, IngestionReader, KeyValueTable, RuntimeError, Store, WriteBatch};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -394,6 +394,13 @@ impl Store for RedbStore {
         Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 
+    fn ingestion_reader(&self) -> Result<Option<Box<dyn IngestionReader>>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let event_ids = transaction.open_table(EVENT_IDS).map_err(fatal)?;
+        let keys = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
+        Ok(Some(Box::new(RedbIngestionReader { event_ids, keys })))
+    }
+
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(definition(table)).map_err(fatal)?;
@@ -411,6 +418,22 @@ impl Store for RedbStore {
             table.insert(key, value).map_err(fatal)?;
         }
         transaction.commit().map_err(fatal)
+    }
+}
+
+/// The event ids and ingested keys of one read transaction (the tables keep it open).
+struct RedbIngestionReader {
+    event_ids: redb::ReadOnlyTable<&'static str, u64>,
+    keys: redb::ReadOnlyTable<&'static str, &'static str>,
+}
+
+impl IngestionReader for RedbIngestionReader {
+    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+        Ok(self.event_ids.get(event_id).map_err(fatal)?.map(|value| value.value()))
+    }
+
+    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+        Ok(self.keys.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 }
 
