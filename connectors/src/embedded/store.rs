@@ -343,20 +343,25 @@ impl Store for RedbStore {
             // The next ingestion position, written back once after the loop.
             let mut next_position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
             for (index, event_id) in event_ids.iter().enumerate() {
-                if let Some(position) = seen.get(*event_id).map_err(fatal)? {
-                    outcomes.push(Appended::Duplicate { position: position.value() });
+                // One B-tree walk for the common case, a new id (a lookup first was a second walk): a
+                // duplicate's first position is put back.
+                let position = next_position;
+                let earlier = seen.insert(*event_id, position).map_err(fatal)?.map(|earlier| earlier.value());
+                if let Some(earlier) = earlier {
+                    seen.insert(*event_id, earlier).map_err(fatal)?;
+                    outcomes.push(Appended::Duplicate { position: earlier });
                     continue;
                 }
-                let position = next_position;
                 next_position += 1;
-                seen.insert(*event_id, position).map_err(fatal)?;
                 let ingested = encode(index, position)?;
                 for (log, bytes) in ingested.records {
                     appender.append(&heads, &log, &bytes)?;
                 }
                 for (key, owner) in ingested.keys {
-                    if created.get(key.as_str()).map_err(fatal)?.is_none() {
-                        created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
+                    // The first owner stays (a user registered again keeps its key).
+                    let earlier = created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
+                    if let Some(earlier) = earlier.map(|earlier| earlier.value().to_string()) {
+                        created.insert(key.as_str(), earlier.as_str()).map_err(fatal)?;
                     }
                 }
                 for (key, owner) in ingested.exclusive_keys {
@@ -471,6 +476,43 @@ mod tests {
         assert_eq!(store.event_position("e2").expect("a lookup"), None, "its event id is not taken either");
         // The same agent binding the card again is the stage's to answer (duplicate_card), not a conflict.
         assert_eq!(bind(&store, "e3", "k1", "u1").expect("appended"), vec![Appended::New { position: 1 }]);
+    }
+
+    /// A retried event id keeps its first position and appends nothing, within a request and across
+    /// requests; a key created again keeps its first owner; the one-transaction reader agrees.
+    #[test]
+    fn an_event_id_ingested_again_keeps_its_first_position_and_a_key_its_first_owner() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let order = |store: &RedbStore, event_ids: &[&str], merchant: &str| {
+            store.ingest(event_ids, &mut |_, position| {
+                Ok(Ingested {
+                    records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    keys: vec![("order:o1".to_string(), merchant.to_string())],
+                    exclusive_keys: Vec::new(),
+                    at_ms: None,
+                })
+            })
+        };
+        let outcomes = order(&store, &["e1", "e2", "e1"], "m1").expect("ingested");
+        assert_eq!(
+            outcomes,
+            vec![Appended::New { position: 0 }, Appended::New { position: 1 }, Appended::Duplicate { position: 0 }]
+        );
+        let outcomes = order(&store, &["e2", "e3"], "m2").expect("ingested");
+        assert_eq!(outcomes, vec![Appended::Duplicate { position: 1 }, Appended::New { position: 2 }]);
+        assert_eq!(store.head("order-0").expect("a head"), 3, "one record per new event id");
+        let positions: Vec<_> =
+            store.read("order-0", 0, 10).expect("read").into_iter().map(|(_, bytes)| bytes).collect();
+        assert_eq!(positions, vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()]);
+        assert_eq!(store.ingested_key("order:o1").expect("a lookup").as_deref(), Some("m1"), "the first owner stays");
+        let reader = store.ingestion_reader().expect("a reader").expect("the store has one");
+        for (event_id, position) in [("e1", Some(0)), ("e2", Some(1)), ("e3", Some(2)), ("e4", None)] {
+            assert_eq!(reader.event_position(event_id).expect("a lookup"), position, "{event_id}");
+            assert_eq!(store.event_position(event_id).expect("a lookup"), position, "{event_id}");
+        }
+        assert_eq!(reader.ingested_key("order:o1").expect("a lookup").as_deref(), Some("m1"));
+        assert_eq!(reader.ingested_key("order:o2").expect("a lookup"), None);
     }
 
     /// Records of varied sizes appended over several commits (some spanning several segments), with
