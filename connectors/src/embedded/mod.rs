@@ -1131,6 +1131,20 @@ mod tests {
         assert!(barriers(&inner).iter().all(|(_, delay)| delay.is_none()));
     }
 
+    /// The workload's inputs for the pipeline (its wallet events go to the provider).
+    fn pipeline_inputs(agents: usize, rounds: usize) -> Vec<Input> {
+        let inputs = pipelines::workload::workload(agents, rounds).into_iter();
+        inputs.filter(|input| !input.command.type_name().starts_with("wallet_")).collect()
+    }
+
+    fn wait_until_processed(embedded: &Embedded) {
+        let started = std::time::Instant::now();
+        while embedded.lag() > 0 {
+            assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Rounds applied while the round before commits (`run_pipelined`) read every record once: each
     /// partition goes on from where the round in flight leaves its log (a record read twice would be
     /// dropped as a duplicate, and counted), every log is consumed and committed to its head, and the
@@ -1139,20 +1153,13 @@ mod tests {
     fn a_pipelined_processing_thread_consumes_every_record_once() {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
-        let inputs: Vec<Input> = pipelines::workload::workload(60, 2)
-            .into_iter()
-            .filter(|input| !input.command.type_name().starts_with("wallet_"))
-            .collect();
+        let inputs = pipeline_inputs(60, 2);
         let embedded = Embedded::start(config.clone()).expect("starts");
         // Small requests, so that the threads apply rounds while more arrive and earlier ones commit.
         for chunk in inputs.chunks(25) {
             embedded.append(chunk.to_vec()).expect("appended");
         }
-        let started = std::time::Instant::now();
-        while embedded.lag() > 0 {
-            assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_processed(&embedded);
         assert_eq!(embedded.failure(), None);
         let mut applied = 0;
         for ((kind, index), partition) in &embedded.inner.partitions {
@@ -1184,17 +1191,10 @@ mod tests {
     fn a_request_s_checks_answer_as_the_pipeline_does_without_the_partitions() {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
-        let inputs: Vec<Input> = pipelines::workload::workload(8, 1)
-            .into_iter()
-            .filter(|input| !input.command.type_name().starts_with("wallet_"))
-            .collect();
+        let inputs = pipeline_inputs(8, 1);
         let embedded = Embedded::start(config).expect("starts");
         embedded.append(inputs.clone()).expect("appended");
-        let started = std::time::Instant::now();
-        while embedded.lag() > 0 {
-            assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_processed(&embedded);
         let checks = embedded.ingestion_checks();
         for (index, input) in inputs.iter().enumerate() {
             assert_eq!(checks.event_position(&input.event_id), Some(index as u64), "{}", input.event_id);
