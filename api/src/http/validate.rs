@@ -33,7 +33,7 @@ impl<'a> Known<'a> {
     }
 
     // Ids found are remembered: merchants, users, orders and card bindings are never removed, so an id
-    // a request's earlier input was checked against needs no second look (each is a read transaction).
+    // a request's earlier input was checked against needs no second look.
     // Ids not found are not: a later input of the request may create them.
 
     /// Whether an input with this event id was appended before (a retry).
