@@ -7,7 +7,8 @@
 //! latency percentiles. Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
 //! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
 //! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
-//! processed (event time then moves in steps of one bulk, see the README).
+//! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
+//! passes `--config FILE` (SPEC §8 settings) to `paisa serve`.
 //!
 //! It also prints the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
 //! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
@@ -184,6 +185,11 @@ fn main() {
         "--statement-provider",
         &wallet_sim.base,
     ];
+    let settings = std::env::var("BENCH_SERVE_CONFIG").ok();
+    let mut serve_args: Vec<&str> = serve_args.to_vec();
+    if let Some(path) = settings.as_deref() {
+        serve_args.extend(["--config", path]);
+    }
     let serve = start(&serve_args);
     let client = http_client();
 
