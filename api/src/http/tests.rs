@@ -64,9 +64,6 @@ fn journal(after_seq: u64, limit: usize) -> Page {
 }
 
 impl PipelineHandle for FakePipeline {
-    fn ingestion_checks(&self) -> Box<dyn connectors::runtime::IngestionChecks + '_> {
-        Box::new(connectors::runtime::ChecksOneByOne(self))
-    }
     fn append(&self, inputs: Vec<Input>) -> Result<Vec<Appended>, RuntimeError> {
         if self.busy.load(Ordering::SeqCst) {
             return Err(RuntimeError::Retryable("store busy".to_string()));

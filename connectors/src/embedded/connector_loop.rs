@@ -316,17 +316,7 @@ mod tests {
 
     #[test]
     fn every_crawl_request_the_runtime_writes_is_recognised() {
-        let request = CrawlRequested {
-            request_id: "k1:1".into(),
-            user_id: "u1".into(),
-            card_id: "k1".into(),
-            provider: pipelines::input::Provider::Paytm,
-            mode: CrawlMode::OrderCheck,
-            order: None,
-            from: None,
-            limit: Some(50),
-            txn_id: None,
-        };
+        let request = crawl_request("k1", 1);
         let at = Timestamp::from_millis(0);
         let record = |body| OutputRecord {
             id: RecordId { source: "agent-0".into(), offset: 7, index: 1 },

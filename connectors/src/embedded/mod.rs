@@ -894,19 +894,19 @@ impl Inner {
         Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys, at_ms })
     }
 
-    /// The owner ingestion recorded for `kind:id`, read through `reader` when there is one.
+    /// A reader for one request's (or one call's) lookups; None when the store cannot open one, and
+    /// then every lookup through it finds nothing, as a failed lookup does.
+    fn ingestion_reader(&self) -> Option<Box<dyn IngestionReader + '_>> {
+        self.store.ingestion_reader().ok()
+    }
+
+    /// The owner ingestion recorded for `kind:id`.
     fn ingested_owner_in(&self, reader: Option<&dyn IngestionReader>, kind: &str, id: &str) -> Option<String> {
-        let key = format!("{kind}:{id}");
-        match reader {
-            Some(reader) => reader.ingested_key(&key),
-            None => self.store.ingested_key(&key),
-        }
-        .ok()
-        .flatten()
+        reader.and_then(|reader| reader.ingested_key(&format!("{kind}:{id}")).ok().flatten())
     }
 
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {
-        self.ingested_owner_in(None, kind, id)
+        self.ingested_owner_in(self.ingestion_reader().as_deref(), kind, id)
     }
 
     // An order's merchant and a card's agent are read from the keys ingestion recorded first, and from
@@ -951,17 +951,12 @@ impl Inner {
 /// One request's ingestion checks, from one read transaction of the store.
 struct EmbeddedChecks<'a> {
     inner: &'a Inner,
-    reader: Option<Box<dyn IngestionReader>>,
+    reader: Option<Box<dyn IngestionReader + 'a>>,
 }
 
 impl IngestionChecks for EmbeddedChecks<'_> {
     fn event_position(&self, event_id: &str) -> Option<u64> {
-        match &self.reader {
-            Some(reader) => reader.event_position(event_id),
-            None => self.inner.store.event_position(event_id),
-        }
-        .ok()
-        .flatten()
+        self.reader.as_ref().and_then(|reader| reader.event_position(event_id).ok().flatten())
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
@@ -1023,13 +1018,11 @@ impl PipelineHandle for Embedded {
     }
 
     fn ingestion_checks(&self) -> Box<dyn IngestionChecks + '_> {
-        // Without a reader (a store error), each lookup opens its own transaction as before.
-        let reader = self.inner.store.ingestion_reader().ok().flatten();
-        Box::new(EmbeddedChecks { inner: &self.inner, reader })
+        Box::new(EmbeddedChecks { inner: &self.inner, reader: self.inner.ingestion_reader() })
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.order_merchant_in(None, order_id)
+        self.inner.order_merchant_in(self.inner.ingestion_reader().as_deref(), order_id)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1065,7 +1058,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.card_owner_in(None, card_id)
+        self.inner.card_owner_in(self.inner.ingestion_reader().as_deref(), card_id)
     }
 
     fn snapshot(&self) -> serde_json::Value {

@@ -410,11 +410,11 @@ impl Store for RedbStore {
         Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 
-    fn ingestion_reader(&self) -> Result<Option<Box<dyn IngestionReader>>, RuntimeError> {
+    fn ingestion_reader(&self) -> Result<Box<dyn IngestionReader + '_>, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let event_ids = transaction.open_table(EVENT_IDS).map_err(fatal)?;
         let keys = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
-        Ok(Some(Box::new(RedbIngestionReader { event_ids, keys })))
+        Ok(Box::new(RedbIngestionReader { event_ids, keys }))
     }
 
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
@@ -517,7 +517,7 @@ mod tests {
             store.read("order-0", 0, 10).expect("read").into_iter().map(|(_, bytes)| bytes).collect();
         assert_eq!(positions, vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()]);
         assert_eq!(store.ingested_key("order:o1").expect("a lookup").as_deref(), Some("m1"), "the first owner stays");
-        let reader = store.ingestion_reader().expect("a reader").expect("the store has one");
+        let reader = store.ingestion_reader().expect("a reader");
         for (event_id, position) in [("e1", Some(0)), ("e2", Some(1)), ("e3", Some(2)), ("e4", None)] {
             assert_eq!(reader.event_position(event_id).expect("a lookup"), position, "{event_id}");
             assert_eq!(store.event_position(event_id).expect("a lookup"), position, "{event_id}");

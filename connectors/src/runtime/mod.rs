@@ -55,8 +55,10 @@ pub trait PipelineHandle: Send + Sync + 'static {
         None
     }
     /// The lookups that check one request's inputs, answered from one view where the backend has one
-    /// (see [`IngestionChecks`]).
-    fn ingestion_checks(&self) -> Box<dyn IngestionChecks + '_>;
+    /// (see [`IngestionChecks`]); by default, one at a time through the methods below.
+    fn ingestion_checks(&self) -> Box<dyn IngestionChecks + '_> {
+        Box::new(ChecksOneByOne(self))
+    }
     /// An order with its sub-orders and their decision timelines (rule ids and evidence), or None.
     fn order(&self, order_id: &str) -> Option<Value>;
     /// The merchant an order belongs to (for authorisation), or None if the order is unknown (neither
@@ -118,9 +120,9 @@ pub trait IngestionChecks {
 }
 
 /// Checks that ask the pipeline one lookup at a time (backends whose lookups are already in memory).
-pub struct ChecksOneByOne<'a>(pub &'a dyn PipelineHandle);
+struct ChecksOneByOne<'a, P: ?Sized>(&'a P);
 
-impl IngestionChecks for ChecksOneByOne<'_> {
+impl<P: PipelineHandle + ?Sized> IngestionChecks for ChecksOneByOne<'_, P> {
     fn event_position(&self, event_id: &str) -> Option<u64> {
         self.0.event_position(event_id)
     }
@@ -146,6 +148,18 @@ pub trait IngestionReader {
     fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError>;
 }
 
+/// A store's own lookups, one at a time (stores without a cheaper consistent view).
+struct LookupsOneByOne<'a, S: ?Sized>(&'a S);
+
+impl<S: Store + ?Sized> IngestionReader for LookupsOneByOne<'_, S> {
+    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+        self.0.event_position(event_id)
+    }
+    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+        self.0.ingested_key(key)
+    }
+}
+
 /// The durable side of a runtime: partitioned append-only logs, consumer offsets and a small key-value
 /// store, with atomic commits. The embedded backend keeps them in one redb file; the Kafka profile maps
 /// logs to topic partitions, offsets to consumer-group offsets and commits to transactions.
@@ -166,10 +180,10 @@ pub trait Store: Send + Sync + 'static {
     fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError>;
     /// The owner recorded for a key an ingested input created (see [`Ingested::keys`]).
     fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError>;
-    /// A reader of event ids and ingested keys that sees one state of the store for all its lookups
-    /// (None: the store has no cheaper way than [`Store::event_position`] and [`Store::ingested_key`]).
-    fn ingestion_reader(&self) -> Result<Option<Box<dyn IngestionReader>>, RuntimeError> {
-        Ok(None)
+    /// A reader of event ids and ingested keys that sees one state of the store for all its lookups;
+    /// by default, [`Store::event_position`] and [`Store::ingested_key`] one at a time.
+    fn ingestion_reader(&self) -> Result<Box<dyn IngestionReader + '_>, RuntimeError> {
+        Ok(Box::new(LookupsOneByOne(self)))
     }
     /// Reads a key of a small table (API keys, metadata).
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError>;
@@ -645,7 +659,7 @@ pub(crate) mod tests {
         fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
             self.store.ingested_key(key)
         }
-        fn ingestion_reader(&self) -> Result<Option<Box<dyn crate::runtime::IngestionReader>>, RuntimeError> {
+        fn ingestion_reader(&self) -> Result<Box<dyn crate::runtime::IngestionReader + '_>, RuntimeError> {
             self.store.ingestion_reader()
         }
         fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
