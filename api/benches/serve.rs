@@ -10,7 +10,8 @@
 //! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
 //! passes `--config FILE` (SPEC §8 settings) to `paisa serve`.
 //!
-//! It also prints the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
+//! It also prints how long the posting requests took, to the simulator and to the service (one request
+//! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
 //! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
 //! `paisa replay` of the same events (computed in-process): with the event clock and bulk posting, one
 //! stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced inputs), so
@@ -73,22 +74,32 @@ fn is_wallet(input: &Input) -> bool {
 fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
     let paced = std::env::var("BENCH_PACED").is_ok();
     let mut posted = 0;
+    let (mut sim_time, mut serve_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in inputs.chunks(BULK_INPUTS) {
         let (wallet, events): (Vec<&Input>, Vec<&Input>) = chunk.iter().partition(|input| is_wallet(input));
         if !wallet.is_empty() {
+            let request_started = Instant::now();
             let response = client.post(format!("{wallet_sim}/sim/v1/events")).json(&wallet).send().expect("sim");
             assert!(response.status().is_success(), "wallet events: {}", response.text().unwrap_or_default());
+            sim_time += request_started.elapsed();
         }
         if !events.is_empty() {
+            let request_started = Instant::now();
             let response =
                 client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&events).send().expect("serve");
             assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
+            serve_time += request_started.elapsed();
             posted += events.len();
             if paced {
                 wait_quiescent(client, serve);
             }
         }
     }
+    println!(
+        "posting: {:.2} s in the simulator's requests, {:.2} s in the service's",
+        sim_time.as_secs_f64(),
+        serve_time.as_secs_f64()
+    );
     posted
 }
 
