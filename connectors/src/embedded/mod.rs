@@ -1222,6 +1222,39 @@ mod tests {
         embedded.stop();
     }
 
+    /// An order is read under the locks of its own partition and of its agents' partitions only: a
+    /// processing thread applying another agent partition does not hold the read up.
+    #[test]
+    fn an_order_read_waits_only_for_the_partitions_holding_it() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        assert_eq!(config.partitions, 2, "the test holds the agent partition the order is not on");
+        let embedded = Embedded::start(config).expect("starts");
+        embedded.append(pipeline_inputs(8, 1)).expect("appended");
+        wait_until_processed(&embedded);
+        let (order_id, expected, user_id) = (0..8)
+            .find_map(|agent| {
+                let order_id = format!("c{agent}-0");
+                let view = embedded.order(&order_id)?;
+                let user_id = view["sub_orders"][0]["user_id"].as_str()?.to_string();
+                Some((order_id, view, user_id))
+            })
+            .expect("a dispatched collection");
+        let other = 1 - pipelines::partition::partition_of(&user_id, 2);
+        let held = crate::runtime::write_lock(&embedded.inner.partitions[&(StageKind::Agent, other)]);
+        let (answered, answer) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _ = answered.send(embedded.order(&order_id));
+            });
+            let view = answer.recv_timeout(Duration::from_secs(10));
+            drop(held);
+            let view = view.expect("answered while the other agent partition was held");
+            assert_eq!(view, Some(expected), "{order_id}");
+        });
+        embedded.stop();
+    }
+
     #[test]
     fn tick_ids_only_move_forward() {
         assert_eq!(next_tick_id(1_000, None, None), (1_000, 0), "a tick's id is its time");

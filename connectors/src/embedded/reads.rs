@@ -65,10 +65,21 @@ fn find_agent<'a>(guards: &'a BTreeMap<u32, Guard<'_>>, partitions: u32, user_id
         .and_then(|stage| stage.agents.get(user_id))
 }
 
+/// The guards of the agent partitions holding these agents, by partition number: a read waits only for
+/// the processing threads applying those partitions, not for every agent partition.
+fn agent_guards_of<'a, 'b>(inner: &'a Inner, user_ids: impl Iterator<Item = &'b str>) -> BTreeMap<u32, Guard<'a>> {
+    let partitions = inner.config.partitions;
+    let wanted: std::collections::BTreeSet<u32> = user_ids.map(|user_id| partition_of(user_id, partitions)).collect();
+    let locks = wanted.into_iter().filter_map(|partition| {
+        inner.partitions.get(&(StageKind::Agent, partition)).map(|lock| (partition, read_lock(lock)))
+    });
+    locks.collect()
+}
+
 pub(super) fn order(inner: &Inner, order_id: &str) -> Option<Value> {
     let order_guard = guard(inner, StageKind::Order, order_id)?;
     let order = orders(&order_guard)?.orders.get(order_id).filter(|order| order_is_shown(order))?;
-    let agent_guards = agent_guards(inner);
+    let agent_guards = agent_guards_of(inner, order.sub_orders.iter().map(|sub_order| sub_order.user_id.as_str()));
     let view = order_view(order, |user_id| find_agent(&agent_guards, inner.config.partitions, user_id));
     let mut value = to_value(view);
     if let Value::Object(object) = &mut value {
