@@ -10,7 +10,7 @@ use pipelines::stages::agent::AgentStage;
 use pipelines::stages::merchant::MerchantStage;
 use pipelines::stages::order::OrderStage;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::RwLockReadGuard;
 
 /// Outputs the snapshot reads at most (the document of a long-running service is for tests and audits;
@@ -20,7 +20,10 @@ const SNAPSHOT_OUTPUTS_MAX: usize = 1_000_000;
 type Guard<'a> = RwLockReadGuard<'a, StagePartition>;
 
 fn guard<'a>(inner: &'a Inner, kind: StageKind, key: &str) -> Option<Guard<'a>> {
-    let partition = partition_of(key, inner.config.partitions);
+    partition_guard(inner, kind, partition_of(key, inner.config.partitions))
+}
+
+fn partition_guard(inner: &Inner, kind: StageKind, partition: u32) -> Option<Guard<'_>> {
     inner.partitions.get(&(kind, partition)).map(|lock| read_lock(lock))
 }
 
@@ -69,11 +72,11 @@ fn find_agent<'a>(guards: &'a BTreeMap<u32, Guard<'_>>, partitions: u32, user_id
 /// the processing threads applying those partitions, not for every agent partition.
 fn agent_guards_of<'a, 'b>(inner: &'a Inner, user_ids: impl Iterator<Item = &'b str>) -> BTreeMap<u32, Guard<'a>> {
     let partitions = inner.config.partitions;
-    let wanted: std::collections::BTreeSet<u32> = user_ids.map(|user_id| partition_of(user_id, partitions)).collect();
-    let locks = wanted.into_iter().filter_map(|partition| {
-        inner.partitions.get(&(StageKind::Agent, partition)).map(|lock| (partition, read_lock(lock)))
-    });
-    locks.collect()
+    let wanted: BTreeSet<u32> = user_ids.map(|user_id| partition_of(user_id, partitions)).collect();
+    let guards = wanted
+        .into_iter()
+        .filter_map(|partition| Some((partition, partition_guard(inner, StageKind::Agent, partition)?)));
+    guards.collect()
 }
 
 pub(super) fn order(inner: &Inner, order_id: &str) -> Option<Value> {
