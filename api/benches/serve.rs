@@ -8,7 +8,8 @@
 //! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
 //! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
 //! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
-//! passes `--config FILE` (SPEC §8 settings) to `paisa serve`.
+//! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PAISA=PATH` runs that `paisa`
+//! binary instead of this build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`).
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
 //! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
@@ -43,8 +44,13 @@ impl Drop for Server {
     }
 }
 
+/// The `paisa` binary the benchmark runs: `BENCH_PAISA`, or this build's.
+fn paisa_binary() -> String {
+    std::env::var("BENCH_PAISA").unwrap_or_else(|_| env!("CARGO_BIN_EXE_paisa").to_string())
+}
+
 fn start(args: &[&str]) -> Server {
-    let mut child = Process::new(env!("CARGO_BIN_EXE_paisa"))
+    let mut child = Process::new(paisa_binary())
         .args(args)
         .env("PAISA_ADMIN_KEY", ADMIN_KEY)
         .env("RUST_LOG", "error")
@@ -184,6 +190,7 @@ fn main() {
     let split = inputs.len() * 4 / 5;
     let (first, rest) = inputs.split_at(split);
     let data_dir = tempfile::tempdir().expect("a temporary directory");
+    println!("paisa binary: {}", paisa_binary());
     let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"]);
     let serve_args = [
         "serve",
