@@ -1,6 +1,6 @@
 //! Throughput of `paisa serve` on the embedded store, and the order endpoint's read latency under load.
 //!
-//! Starts `paisa wallet-sim` and `paisa serve` (event clock, 2 partitions per stage) as real processes
+//! Starts `paisa wallet-sim` and `paisa serve` (event clock, 2 partitions per stage by default) as real processes
 //! on loopback, posts a generated workload (`pipelines::workload`) through `POST /v1/events` in bulk
 //! requests, and measures the time until every log is consumed (`GET /v1/admin/lag` = 0). Then it reads
 //! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
@@ -8,8 +8,9 @@
 //! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
 //! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
 //! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
-//! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PAISA=PATH` runs that `paisa`
-//! binary instead of this build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`).
+//! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PARTITIONS=N` runs it with `N`
+//! partitions per stage (default 2); `BENCH_PAISA=PATH` runs that `paisa` binary instead of this
+//! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`).
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
 //! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
@@ -204,7 +205,9 @@ fn main() {
         &wallet_sim.base,
     ];
     let settings = std::env::var("BENCH_SERVE_CONFIG").ok();
+    let partitions = env_usize("BENCH_PARTITIONS", 2).to_string();
     let mut serve_args: Vec<&str> = serve_args.to_vec();
+    serve_args.extend(["--partitions", &partitions]);
     if let Some(path) = settings.as_deref() {
         serve_args.extend(["--config", path]);
     }
