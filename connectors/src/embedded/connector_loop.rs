@@ -22,23 +22,29 @@ pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 1024;
 /// the connector ([`Embedded::attach_connector`]) before the API answers, so its backlog counts in the
 /// lag from the start.
 ///
-/// Pipelined: while one batch's answers commit, the next batch is read and asked. A commit (waiting for
+/// Pipelined: while batches' answers commit, the next batch is read and asked. A commit (waiting for
 /// the store's one writer and its fsync) took ≈ 2/3 of a batch's time in the serve benchmark, and the
-/// crawls that arrive meanwhile join the next batch instead of waiting for it. Commits stay in order:
-/// the next one starts only once the one before has returned, so the consumer offset only moves forward.
+/// crawls that arrive meanwhile join the next batch instead of waiting for it. Where the store queues
+/// commits, up to [`CONNECTOR_COMMITS_IN_FLIGHT_MAX`] batches are submitted, in order, without waiting
+/// for the ones before (each joins the next group); elsewhere the next commit starts only once the one
+/// before has returned. Either way the consumer offset only moves forward: each batch names the offset
+/// it consumed from, and a batch behind a failed one fails with it.
 pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
     let mut next = embedded.store().committed(CONNECTOR_CONSUMER)?;
-    let mut committing: Option<Commit> = None;
+    let mut committing: std::collections::VecDeque<Commit> = std::collections::VecDeque::new();
+    let in_flight_max = if embedded.store().queues_commits() { CONNECTOR_COMMITS_IN_FLIGHT_MAX } else { 1 };
     let early = EarlyAnswers::start(&embedded, &connector);
     while !embedded.stopping() {
         let asked = ask_batch(&embedded, &connector, next, &early).await?;
-        if let Some(commit) = committing.take() {
-            finish(commit).await?;
+        while committing.len() >= in_flight_max || committing.front().is_some_and(Commit::is_finished) {
+            if let Some(commit) = committing.pop_front() {
+                finish(commit).await?;
+            }
         }
         match asked {
             Some((last_offset, batch)) => {
                 next = last_offset + 1;
-                committing = Some(start_commit(&embedded, batch));
+                committing.push_back(start_commit(&embedded, batch));
             }
             None => {
                 let waiter = embedded.clone();
@@ -46,24 +52,37 @@ pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Resu
             }
         }
     }
-    if let Some(commit) = committing.take() {
+    while let Some(commit) = committing.pop_front() {
         finish(commit).await?;
     }
     Ok(())
 }
+
+/// Connector batches submitted and not yet seen committed, at most, where the store queues commits.
+pub const CONNECTOR_COMMITS_IN_FLIGHT_MAX: usize = 4;
 
 /// A batch's commit in flight (the consumers of the logs it appends to are woken once it is in).
 struct Commit {
     task: tokio::task::JoinHandle<Result<(), RuntimeError>>,
 }
 
+impl Commit {
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
 /// The agent partitions waiting for these answers are woken as soon as the commit is in, by the commit
 /// task itself: `finish` runs only after the next batch's crawls, a whole provider round trip later.
+/// A store that queues commits gets the batch here, in the loop's order (submitting only queues it); a
+/// store that commits as it is handed a batch gets it on the blocking thread.
 fn start_commit(embedded: &Embedded, batch: WriteBatch) -> Commit {
     let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    let submitted = if embedded.store().queues_commits() { Ok(embedded.store().submit(batch)) } else { Err(batch) };
     let committer = embedded.clone();
     let task = tokio::task::spawn_blocking(move || {
-        committer.store().commit(batch)?;
+        let submission = submitted.unwrap_or_else(|batch| committer.store().submit(batch));
+        committer.store().wait_for(submission)?;
         committer.ring(&logs);
         Ok(())
     });
@@ -132,6 +151,7 @@ async fn ask_batch(
         let record = answer_record(*offset, at, request, result);
         batch.appends.push((stage_log(StageKind::Agent, partition_of(&request.user_id, partitions)), encode(&record)?));
     }
+    batch.expected_offsets.push((CONNECTOR_CONSUMER.to_string(), from));
     batch.offsets.push((CONNECTOR_CONSUMER.to_string(), last_offset + 1));
     Ok(Some((last_offset, batch)))
 }

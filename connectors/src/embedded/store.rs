@@ -2,7 +2,9 @@
 //! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
 //! consumer offset survive a kill -9 together or not at all.
 
-use crate::runtime::{Appended, IngestEncoder, IngestionReader, KeyValueTable, RuntimeError, Store, WriteBatch};
+use crate::runtime::{
+    Appended, IngestEncoder, IngestionReader, KeyValueTable, RuntimeError, Store, Submission, WriteBatch,
+};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -56,6 +58,9 @@ pub struct RedbStore {
 /// processing threads and the statement connector — spent about half of its commit time waiting for
 /// the writer, ≈ 1 s each over the run. Every batch is still all-or-nothing (a group is one
 /// transaction), and batches are applied in arrival order, so one committer's batches keep theirs.
+/// A committer may queue batches without waiting (`Store::submit`), so that its next batch joins the
+/// group formed while its last one is written; each batch names the offsets it consumed from, and a
+/// batch queued behind a failed one of its consumer fails with it (`WriteBatch::expected_offsets`).
 #[derive(Default)]
 struct GroupCommit {
     state: std::sync::Mutex<GroupState>,
@@ -160,6 +165,16 @@ impl RedbStore {
             for batch in batches {
                 for (log, bytes) in &batch.appends {
                     appender.append(&heads, log, bytes)?;
+                }
+                for (consumer, from) in &batch.expected_offsets {
+                    let committed = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
+                    // Read after the group's earlier batches set theirs: a consumer's batches follow
+                    // each other in one group as across groups.
+                    if committed != *from {
+                        return Err(fatal(format!(
+                            "consumer {consumer} is at {committed}; the batch consumed from {from} (one before it failed?)"
+                        )));
+                    }
                 }
                 for (consumer, next) in &batch.offsets {
                     let previous = offsets.get(consumer.as_str()).map_err(fatal)?.map_or(0, |value| value.value());
@@ -329,10 +344,33 @@ impl Store for RedbStore {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
+        let submission = self.submit(batch);
+        self.wait_for(submission)
+    }
+
+    fn queues_commits(&self) -> bool {
+        true
+    }
+
+    /// Takes a ticket and queues the batch; whoever waits for a ticket not yet written leads the next
+    /// group if no one is writing.
+    fn submit(&self, batch: WriteBatch) -> Submission {
         let mut state = lock(&self.group);
         state.last_ticket += 1;
         let ticket = state.last_ticket;
         state.queue.push((ticket, batch));
+        Submission::Queued { ticket }
+    }
+
+    fn wait_for(&self, submission: Submission) -> Result<(), RuntimeError> {
+        let ticket = match submission {
+            Submission::Queued { ticket } => ticket,
+            Submission::Done(outcome) => return outcome,
+        };
+        let mut state = lock(&self.group);
+        if ticket > state.last_ticket {
+            return Err(fatal(format!("ticket {ticket} was never handed out")));
+        }
         while state.written_through < ticket {
             state = if state.writing {
                 self.group.written.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -653,6 +691,64 @@ mod tests {
         assert_eq!(store.committed("consumer").expect("an offset"), 10);
         store.commit(batch("third", 11)).expect("the store still commits");
         assert_eq!((store.head("third").expect("a head"), store.committed("consumer").expect("an offset")), (1, 11));
+    }
+
+    /// A batch consumed from `from` to `next` of the log "input", appending one record to "output".
+    fn consumed(from: u64, next: u64) -> WriteBatch {
+        WriteBatch {
+            appends: vec![("output".to_string(), format!("{{\"from\":{from}}}").into_bytes())],
+            offsets: vec![("consumer".to_string(), next)],
+            expected_offsets: vec![("consumer".to_string(), from)],
+            ..WriteBatch::default()
+        }
+    }
+
+    #[test]
+    fn a_batch_consumed_from_another_offset_than_the_committed_one_is_refused() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        store.commit(consumed(0, 3)).expect("committed");
+        for stale in [consumed(0, 5), consumed(4, 5)] {
+            let refused = store.commit(stale);
+            assert!(
+                matches!(&refused, Err(RuntimeError::Fatal(message)) if message.contains("is at 3")),
+                "{refused:?}"
+            );
+        }
+        assert_eq!((store.head("output").expect("a head"), store.committed("consumer").expect("an offset")), (1, 3));
+        store.commit(consumed(3, 5)).expect("the batch that follows commits");
+        assert_eq!((store.head("output").expect("a head"), store.committed("consumer").expect("an offset")), (2, 5));
+    }
+
+    /// Submitted without waiting, batches commit in submission order (in one group or several), and a
+    /// batch submitted behind a failed one of its consumer fails too instead of skipping its records.
+    #[test]
+    fn batches_queued_behind_a_failed_one_fail_with_it() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        assert!(store.queues_commits());
+        let submissions: Vec<Submission> = (0..4).map(|batch| store.submit(consumed(batch, batch + 1))).collect();
+        for submission in submissions {
+            store.wait_for(submission).expect("committed in order");
+        }
+        let records: Vec<String> = store
+            .read("output", 0, 10)
+            .expect("read")
+            .into_iter()
+            .map(|(_, bytes)| String::from_utf8(bytes).expect("UTF-8"))
+            .collect();
+        assert_eq!(records, ["{\"from\":0}", "{\"from\":1}", "{\"from\":2}", "{\"from\":3}"]);
+
+        // The first of two fails (its consumer is at 4, not 9): queued together, both fail.
+        let (failing, behind) = (store.submit(consumed(9, 10)), store.submit(consumed(10, 11)));
+        assert!(store.wait_for(failing).is_err());
+        assert!(store.wait_for(behind).is_err(), "the batch behind the failed one skipped its records");
+        // The same when the one behind reaches the store after the failure is written.
+        let failing = store.submit(consumed(9, 10));
+        assert!(store.wait_for(failing).is_err());
+        assert!(store.commit(consumed(10, 11)).is_err());
+        assert_eq!((store.head("output").expect("a head"), store.committed("consumer").expect("an offset")), (4, 4));
+        store.commit(consumed(4, 5)).expect("the consumer's next batch from where it is commits");
     }
 
     #[test]

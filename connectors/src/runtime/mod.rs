@@ -172,6 +172,26 @@ pub trait Store: Send + Sync + 'static {
     fn committed(&self, consumer: &str) -> Result<u64, RuntimeError>;
     /// Applies a write batch atomically and durably: every append and offset, or none.
     fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError>;
+    /// Whether [`Store::submit`] queues a batch and returns at once (false: it commits it first).
+    fn queues_commits(&self) -> bool {
+        false
+    }
+    /// Hands a batch over to be committed after every batch handed over before it; where the store
+    /// queues commits ([`Store::queues_commits`]) it returns at once, so a caller may have several
+    /// batches in flight, and batches submitted meanwhile join one transaction. [`Store::wait_for`]
+    /// returns the outcome. By default the batch is committed here.
+    fn submit(&self, batch: WriteBatch) -> Submission {
+        Submission::Done(self.commit(batch))
+    }
+    /// Waits until a submitted batch is committed (or failed).
+    fn wait_for(&self, submission: Submission) -> Result<(), RuntimeError> {
+        match submission {
+            Submission::Done(outcome) => outcome,
+            Submission::Queued { ticket } => {
+                Err(RuntimeError::Fatal(format!("ticket {ticket} was not queued by this store")))
+            }
+        }
+    }
     /// Ingests inputs atomically: for each event id not ingested before, assigns the next ingestion
     /// position and appends the records `encode(index, position)` returns; event ids seen before get
     /// their first position back and nothing is appended.
@@ -315,6 +335,11 @@ pub struct WriteBatch {
     pub appends: Vec<(String, Vec<u8>)>,
     /// Consumer offsets to set, as (consumer, next offset to consume).
     pub offsets: Vec<(String, u64)>,
+    /// The offsets the batch consumed from, as (consumer, first offset consumed): a store that queues
+    /// commits ([`Store::submit`]) refuses the batch unless each consumer's committed offset is this
+    /// one, so that a batch queued behind a failed one of the same consumer fails too instead of
+    /// skipping the records that one consumed (and losing what it produced). Not checked when empty.
+    pub expected_offsets: Vec<(String, u64)>,
     /// Keys whose state the batch may have changed (not stored: what a read model projects again once
     /// the batch is committed).
     pub touched: Vec<(pipelines::partition::StageKind, pipelines::Text)>,
@@ -324,6 +349,15 @@ pub struct WriteBatch {
     /// embedded runtime hands the statement connector before the commit, so that it can ask the
     /// provider meanwhile).
     pub crawls: Vec<(pipelines::Timestamp, pipelines::output::CrawlRequested)>,
+}
+
+/// A batch handed to [`Store::submit`].
+#[derive(Debug)]
+pub enum Submission {
+    /// Queued behind the batches submitted before it: [`Store::wait_for`] waits for its commit.
+    Queued { ticket: u64 },
+    /// Already committed, or refused.
+    Done(Result<(), RuntimeError>),
 }
 
 /// The log a stage partition consumes.
@@ -475,6 +509,7 @@ pub fn apply_batch_from<S: Store + ?Sized>(
             batch.snapshots.push(Snapshot { kind, partition: index, last_offset, state });
         }
     }
+    batch.expected_offsets.push((log.clone(), from));
     batch.offsets.push((log, last_offset + 1));
     Ok(records.len())
 }
@@ -484,15 +519,30 @@ pub fn commit_applied<S: Store + ?Sized>(
     store: &S,
     batch: WriteBatch,
 ) -> Result<std::collections::BTreeSet<String>, RuntimeError> {
+    let (submission, appended_logs) = submit_applied(store, batch);
+    wait_for_applied(store, submission)?;
+    Ok(appended_logs)
+}
+
+/// Submits batches already applied in memory ([`Store::submit`]); returns the submission with the
+/// logs appended to.
+pub fn submit_applied<S: Store + ?Sized>(
+    store: &S,
+    batch: WriteBatch,
+) -> (Submission, std::collections::BTreeSet<String>) {
     let appended_logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    (store.submit(batch), appended_logs)
+}
+
+/// Waits for a batch [`submit_applied`] handed over.
+pub fn wait_for_applied<S: Store + ?Sized>(store: &S, submission: Submission) -> Result<(), RuntimeError> {
     // The batch is applied in memory: a retry would read the same records again and drop them as
     // duplicates, losing what they produced. Whatever the store says, the caller must stop (the next
     // start rebuilds state from the log).
-    store.commit(batch).map_err(|error| match error {
+    store.wait_for(submission).map_err(|error| match error {
         RuntimeError::Retryable(message) => RuntimeError::Fatal(format!("commit failed after apply: {message}")),
         other => other,
-    })?;
-    Ok(appended_logs)
+    })
 }
 
 /// Applies a partition's log up to its committed offset, discarding what it produces (it was
