@@ -4,8 +4,8 @@
 //! provider (reads are idempotent) but never appends an answer twice.
 
 use super::{system_now, Embedded};
-use crate::runtime::{encode, lock, stage_log, ClockMode, OutputRecord, RuntimeError, WriteBatch};
-use crate::runtime::{CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::runtime::{appended_logs, encode, lock, stage_log, ClockMode, HandedBatch, OutputRecord, RuntimeError};
+use crate::runtime::{WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use crate::statement::StatementConnector;
 use pipelines::input::Command;
 use pipelines::output::{CrawlRequested, OutputBody};
@@ -77,12 +77,11 @@ impl Commit {
 /// A store that queues commits gets the batch here, in the loop's order (submitting only queues it); a
 /// store that commits as it is handed a batch gets it on the blocking thread.
 fn start_commit(embedded: &Embedded, batch: WriteBatch) -> Commit {
-    let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
-    let submitted = if embedded.store().queues_commits() { Ok(embedded.store().submit(batch)) } else { Err(batch) };
+    let logs = appended_logs(&batch);
+    let handed = HandedBatch::new(embedded.store(), batch);
     let committer = embedded.clone();
     let task = tokio::task::spawn_blocking(move || {
-        let submission = submitted.unwrap_or_else(|batch| committer.store().submit(batch));
-        committer.store().wait_for(submission)?;
+        handed.wait(committer.store())?;
         committer.ring(&logs);
         Ok(())
     });

@@ -14,12 +14,12 @@ mod reads;
 pub mod reprocess;
 pub mod store;
 
+use crate::runtime::{appended_logs, HandedBatch};
 use crate::runtime::{
     apply_batch_from, commit_applied, encode, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
-    PipelineHandle, RuntimeError, Store, Submission, WriteBatch, OUTPUTS_LOG,
+    PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
-use crate::runtime::{submit_applied, wait_for_applied};
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
@@ -682,24 +682,18 @@ fn run_pipelined(
 /// events/s in the serve benchmark than one each; three rounds measured alike).
 const ROUNDS_IN_FLIGHT_MAX: usize = 2;
 
-/// A round on its way to the committer, with the keys it touched.
-enum HandedRound {
-    /// Submitted already, where the store queues commits: the thread that applies the rounds hands
-    /// them over, so they reach the store in round order.
-    Submitted { submission: Submission, appended: BTreeSet<String>, touched: Vec<(StageKind, pipelines::Text)> },
-    /// The batch, for the committer to commit (a store that commits as it is handed a batch).
-    Batch { batch: WriteBatch, touched: Vec<(StageKind, pipelines::Text)> },
+/// A round on its way to the committer, with the logs it appends to and the keys it touched.
+struct HandedRound {
+    batch: HandedBatch,
+    appended: BTreeSet<String>,
+    touched: Vec<(StageKind, pipelines::Text)>,
 }
 
 impl HandedRound {
     fn new(inner: &Inner, mut batch: WriteBatch) -> HandedRound {
         let touched = std::mem::take(&mut batch.touched);
-        if inner.store.queues_commits() {
-            let (submission, appended) = submit_applied(inner.store.as_ref(), batch);
-            HandedRound::Submitted { submission, appended, touched }
-        } else {
-            HandedRound::Batch { batch, touched }
-        }
+        let appended = appended_logs(&batch);
+        HandedRound { batch: HandedBatch::new(inner.store.as_ref(), batch), appended, touched }
     }
 }
 
@@ -710,16 +704,9 @@ fn commit_rounds(
     rounds: std::sync::mpsc::Receiver<HandedRound>,
     outcomes: std::sync::mpsc::SyncSender<Result<(), RuntimeError>>,
 ) {
-    let store = inner.store.as_ref();
     for round in rounds {
-        let (submission, appended, touched) = match round {
-            HandedRound::Submitted { submission, appended, touched } => (submission, appended, touched),
-            HandedRound::Batch { batch, touched } => {
-                let (submission, appended) = submit_applied(store, batch);
-                (submission, appended, touched)
-            }
-        };
-        let outcome = wait_for_applied(store, submission).map(|()| committed(inner, &appended, touched));
+        let outcome =
+            round.batch.wait_applied(inner.store.as_ref()).map(|()| committed(inner, &round.appended, round.touched));
         let failed = outcome.is_err();
         if outcomes.send(outcome).is_err() || failed {
             return;
@@ -892,7 +879,7 @@ fn tick(
     if batch.appends.is_empty() {
         return Ok(());
     }
-    let logs: Vec<String> = batch.appends.iter().map(|(log, _)| log.clone()).collect();
+    let logs = appended_logs(&batch);
     inner.store.commit(batch)?;
     last_ticks.extend(sent);
     ring(inner, &logs);

@@ -335,9 +335,9 @@ pub struct WriteBatch {
     pub appends: Vec<(String, Vec<u8>)>,
     /// Consumer offsets to set, as (consumer, next offset to consume).
     pub offsets: Vec<(String, u64)>,
-    /// The offsets the batch consumed from, as (consumer, first offset consumed): a store that queues
-    /// commits ([`Store::submit`]) refuses the batch unless each consumer's committed offset is this
-    /// one, so that a batch queued behind a failed one of the same consumer fails too instead of
+    /// The offsets the batch consumed from, as (consumer, first offset consumed), for consumers it
+    /// moves in `offsets`: a store that queues commits ([`Store::submit`]) refuses the batch unless
+    /// each consumer's committed offset is this one, so that a batch queued behind a failed one of the same consumer fails too instead of
     /// skipping the records that one consumed (and losing what it produced). Not checked when empty.
     pub expected_offsets: Vec<(String, u64)>,
     /// Keys whose state the batch may have changed (not stored: what a read model projects again once
@@ -519,30 +519,52 @@ pub fn commit_applied<S: Store + ?Sized>(
     store: &S,
     batch: WriteBatch,
 ) -> Result<std::collections::BTreeSet<String>, RuntimeError> {
-    let (submission, appended_logs) = submit_applied(store, batch);
-    wait_for_applied(store, submission)?;
+    let appended_logs = appended_logs(&batch);
+    HandedBatch::Batch(batch).wait_applied(store)?;
     Ok(appended_logs)
 }
 
-/// Submits batches already applied in memory ([`Store::submit`]); returns the submission with the
-/// logs appended to.
-pub fn submit_applied<S: Store + ?Sized>(
-    store: &S,
-    batch: WriteBatch,
-) -> (Submission, std::collections::BTreeSet<String>) {
-    let appended_logs = batch.appends.iter().map(|(log, _)| log.clone()).collect();
-    (store.submit(batch), appended_logs)
+/// The logs a batch appends to (whose consumers have work once it is committed).
+pub fn appended_logs(batch: &WriteBatch) -> std::collections::BTreeSet<String> {
+    batch.appends.iter().map(|(log, _)| log.clone()).collect()
 }
 
-/// Waits for a batch [`submit_applied`] handed over.
-pub fn wait_for_applied<S: Store + ?Sized>(store: &S, submission: Submission) -> Result<(), RuntimeError> {
-    // The batch is applied in memory: a retry would read the same records again and drop them as
-    // duplicates, losing what they produced. Whatever the store says, the caller must stop (the next
-    // start rebuilds state from the log).
-    store.wait_for(submission).map_err(|error| match error {
-        RuntimeError::Retryable(message) => RuntimeError::Fatal(format!("commit failed after apply: {message}")),
-        other => other,
-    })
+/// A batch on its way from the thread that made it to the one that waits for its commit. Where the
+/// store queues commits it is submitted by the maker, so batches reach the store in the maker's order
+/// while the waiter may still be waiting for an earlier one; elsewhere the waiter commits it.
+#[derive(Debug)]
+pub enum HandedBatch {
+    Submitted(Submission),
+    Batch(WriteBatch),
+}
+
+impl HandedBatch {
+    pub fn new<S: Store + ?Sized>(store: &S, batch: WriteBatch) -> HandedBatch {
+        if store.queues_commits() {
+            HandedBatch::Submitted(store.submit(batch))
+        } else {
+            HandedBatch::Batch(batch)
+        }
+    }
+
+    /// Commits the batch if it was not submitted yet, and waits for its outcome.
+    pub fn wait<S: Store + ?Sized>(self, store: &S) -> Result<(), RuntimeError> {
+        let submission = match self {
+            HandedBatch::Submitted(submission) => submission,
+            HandedBatch::Batch(batch) => store.submit(batch),
+        };
+        store.wait_for(submission)
+    }
+
+    /// [`HandedBatch::wait`] for a batch already applied in memory: a retry would read the same records
+    /// again and drop them as duplicates, losing what they produced. Whatever the store says, the caller
+    /// must stop (the next start rebuilds state from the log).
+    pub fn wait_applied<S: Store + ?Sized>(self, store: &S) -> Result<(), RuntimeError> {
+        self.wait(store).map_err(|error| match error {
+            RuntimeError::Retryable(message) => RuntimeError::Fatal(format!("commit failed after apply: {message}")),
+            other => other,
+        })
+    }
 }
 
 /// Applies a partition's log up to its committed offset, discarding what it produces (it was
