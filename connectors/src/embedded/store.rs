@@ -2,9 +2,7 @@
 //! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
 //! consumer offset survive a kill -9 together or not at all.
 
-use crate::runtime::{
-    Appended, IngestEncoder, IngestionReader, KeyValueTable, RuntimeError, Store, Submission, WriteBatch,
-};
+use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, Submission, WriteBatch};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -37,11 +35,22 @@ const CACHE_BYTES_MAX: usize = 64 << 20;
 const HEADS: TableDefinition<&str, u64> = TableDefinition::new("heads");
 /// Next offset to consume per consumer.
 const OFFSETS: TableDefinition<&str, u64> = TableDefinition::new("offsets");
-/// Ingestion position per event id (SPEC §3: an event id is applied once).
+/// Ingestion position per event id, as data directories written before the ingestion journal hold
+/// them (read at open, never written now).
 const EVENT_IDS: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
 const MERCHANT_KEYS: TableDefinition<&str, &str> = TableDefinition::new("merchant_keys");
-/// Ids created by ingested inputs → their owner (first creation wins).
+/// Ids created by ingested inputs → their owner, as data directories written before the ingestion
+/// journal hold them (read at open, never written now).
 const INGESTED_KEYS: TableDefinition<&str, &str> = TableDefinition::new("ingested_keys");
+/// What each ingesting transaction added to the ingestion index ([`IngestionIndex`]), keyed by the
+/// first ingestion position it assigned: one value per transaction, appended at the table's end.
+/// Kept as random-key B-tree tables (event id → position, key → owner), the index cost an ingesting
+/// transaction about half of its CPU time (≈ 3 of ≈ 6 ms per 1,000 inputs), all of it holding redb's
+/// only writer, which every processing round and statement answer waits for (serve benchmark: the
+/// writer was busy ≈ 85–90 % of the run; with the journal, ≈ 14 % more events/s: `docs/DECISIONS.md`).
+const INGESTION_JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("ingestion_journal");
+/// The first byte of an ingestion journal value (its format).
+const JOURNAL_FORMAT: u8 = 1;
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
 /// The counter of ingestion positions, kept among the log heads.
@@ -50,6 +59,99 @@ const INGEST_HEAD: &str = "@ingest";
 pub struct RedbStore {
     database: Database,
     group: GroupCommit,
+    /// Event ids and ingested keys, rebuilt at open from the journal (and the tables older data
+    /// directories hold). Changed only after an ingesting transaction commits, so a lookup never sees
+    /// an input that is not durable.
+    ingestion: std::sync::RwLock<IngestionIndex>,
+    /// Held through each ingestion: what one checks against the index, the next cannot change before
+    /// it is committed and merged (two racing requests cannot both take an event id or a card).
+    ingesting: std::sync::Mutex<()>,
+}
+
+/// Every event id ingested, with its ingestion position (SPEC §3: an event id is applied once), and
+/// every key an ingested input created, with its first owner. It grows with every input ever
+/// ingested, as the stage partitions' own sets of seen ids do (≈ 40 bytes per event id in memory).
+#[derive(Debug, Default)]
+struct IngestionIndex {
+    positions: rustc_hash::FxHashMap<pipelines::Text, u64>,
+    owners: rustc_hash::FxHashMap<pipelines::Text, pipelines::Text>,
+}
+
+impl IngestionIndex {
+    /// Adds what one journal value records: the first position and owner of each stay.
+    fn merge(&mut self, first_position: u64, entries: Vec<JournalEntry>) {
+        for (position, entry) in (first_position..).zip(entries) {
+            let first = *self.positions.entry(entry.event_id.as_str().into()).or_insert(position);
+            debug_assert_eq!(first, position, "event id {} journaled twice", entry.event_id);
+            for (key, owner) in entry.keys {
+                self.owners.entry(key.into()).or_insert_with(|| owner.into());
+            }
+        }
+    }
+}
+
+/// One input an ingesting transaction took: its event id and the keys it created (key, owner).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct JournalEntry {
+    event_id: String,
+    keys: Vec<(String, String)>,
+}
+
+/// A journal value: [`JOURNAL_FORMAT`], then per entry its event id, its key count (u32 little-endian)
+/// and each key and owner; every string as (u32 little-endian length, UTF-8 bytes).
+fn encode_journal(entries: &[JournalEntry]) -> Result<Vec<u8>, RuntimeError> {
+    fn put(bytes: &mut Vec<u8>, length: usize) -> Result<(), RuntimeError> {
+        let length = u32::try_from(length).map_err(|_| fatal(format!("a journal field of {length} bytes")))?;
+        bytes.extend_from_slice(&length.to_le_bytes());
+        Ok(())
+    }
+    let mut bytes = vec![JOURNAL_FORMAT];
+    for entry in entries {
+        put(&mut bytes, entry.event_id.len())?;
+        bytes.extend_from_slice(entry.event_id.as_bytes());
+        put(&mut bytes, entry.keys.len())?;
+        for text in entry.keys.iter().flat_map(|(key, owner)| [key, owner]) {
+            put(&mut bytes, text.len())?;
+            bytes.extend_from_slice(text.as_bytes());
+        }
+    }
+    Ok(bytes)
+}
+
+fn decode_journal(bytes: &[u8]) -> Result<Vec<JournalEntry>, RuntimeError> {
+    let corrupt = || fatal("an ingestion journal value is corrupt");
+    let Some((&JOURNAL_FORMAT, mut rest)) = bytes.split_first() else {
+        return Err(corrupt());
+    };
+    let number = |rest: &mut &[u8]| -> Result<usize, RuntimeError> {
+        let (length, after) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        *rest = after;
+        Ok(u32::from_le_bytes(*length) as usize)
+    };
+    let text = |rest: &mut &[u8], length: usize| -> Result<String, RuntimeError> {
+        if rest.len() < length {
+            return Err(corrupt());
+        }
+        let (text, after) = rest.split_at(length);
+        *rest = after;
+        String::from_utf8(text.to_vec()).map_err(|_| corrupt())
+    };
+    let mut entries = Vec::new();
+    while !rest.is_empty() {
+        let length = number(&mut rest)?;
+        let event_id = text(&mut rest, length)?;
+        let count = number(&mut rest)?;
+        // Each key takes at least 8 bytes: a corrupt count cannot make this reserve much.
+        let mut keys = Vec::with_capacity(count.min(rest.len() / 8));
+        for _ in 0..count {
+            let length = number(&mut rest)?;
+            let key = text(&mut rest, length)?;
+            let length = number(&mut rest)?;
+            keys.push((key, text(&mut rest, length)?));
+        }
+        entries.push(JournalEntry { event_id, keys });
+    }
+    Ok(entries)
 }
 
 /// Write batches committed together (group commit). redb has one writer: committers that arrive while
@@ -119,9 +221,35 @@ impl RedbStore {
             transaction.open_table(MERCHANT_KEYS).map_err(fatal)?;
             transaction.open_table(META).map_err(fatal)?;
             transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
+            transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?;
         }
         transaction.commit().map_err(fatal)?;
-        Ok(RedbStore { database, group: GroupCommit::default() })
+        let ingestion = std::sync::RwLock::new(Self::load_ingestion_index(&database)?);
+        Ok(RedbStore { database, group: GroupCommit::default(), ingestion, ingesting: std::sync::Mutex::new(()) })
+    }
+
+    /// The ingestion index as the data directory records it: the tables of directories written before
+    /// the journal, then the journal in position order.
+    fn load_ingestion_index(database: &Database) -> Result<IngestionIndex, RuntimeError> {
+        let transaction = database.begin_read().map_err(fatal)?;
+        let mut index = IngestionIndex::default();
+        for entry in transaction.open_table(EVENT_IDS).map_err(fatal)?.iter().map_err(fatal)? {
+            let (event_id, position) = entry.map_err(fatal)?;
+            index.positions.insert(event_id.value().into(), position.value());
+        }
+        for entry in transaction.open_table(INGESTED_KEYS).map_err(fatal)?.iter().map_err(fatal)? {
+            let (key, owner) = entry.map_err(fatal)?;
+            index.owners.insert(key.value().into(), owner.value().into());
+        }
+        for entry in transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?.iter().map_err(fatal)? {
+            let (first_position, value) = entry.map_err(fatal)?;
+            index.merge(first_position.value(), decode_journal(value.value())?);
+        }
+        Ok(index)
+    }
+
+    fn ingestion_index(&self) -> std::sync::RwLockReadGuard<'_, IngestionIndex> {
+        self.ingestion.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Writes the queued batches (at most [`GROUP_BATCHES_MAX`]) as one group, without the lock
@@ -387,77 +515,82 @@ impl Store for RedbStore {
     }
 
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
+        let _ingesting = self.ingesting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let transaction = self.database.begin_write().map_err(fatal)?;
         let mut outcomes = Vec::with_capacity(event_ids.len());
+        // What this request adds: looked up beside the index (an id may repeat within a request), merged
+        // into it once committed.
+        let mut journal: Vec<JournalEntry> = Vec::new();
+        let mut new_positions: rustc_hash::FxHashMap<&str, u64> = Default::default();
+        let mut new_owners: rustc_hash::FxHashMap<String, String> = Default::default();
+        let first_position;
         {
+            let index = self.ingestion_index();
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
             let mut appender = Appender::new(&transaction);
-            let mut seen = transaction.open_table(EVENT_IDS).map_err(fatal)?;
-            let mut created = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
-            // The next ingestion position, written back once after the loop.
-            let mut next_position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
-            for (index, event_id) in event_ids.iter().enumerate() {
-                // One B-tree walk for the common case, a new id (a lookup first was a second walk): a
-                // duplicate's first position is put back.
-                let position = next_position;
-                let earlier = seen.insert(*event_id, position).map_err(fatal)?.map(|earlier| earlier.value());
+            first_position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
+            let mut next_position = first_position;
+            for (request_index, event_id) in event_ids.iter().enumerate() {
+                let earlier = index.positions.get(*event_id).or_else(|| new_positions.get(*event_id));
                 if let Some(earlier) = earlier {
-                    seen.insert(*event_id, earlier).map_err(fatal)?;
-                    outcomes.push(Appended::Duplicate { position: earlier });
+                    outcomes.push(Appended::Duplicate { position: *earlier });
                     continue;
                 }
+                let position = next_position;
                 next_position += 1;
-                let ingested = encode(index, position)?;
+                let ingested = encode(request_index, position)?;
                 for (log, bytes) in ingested.records {
                     appender.append(&heads, &log, &bytes)?;
                 }
+                let mut created = Vec::new();
+                let owner_of = |key: &str| index.owners.get(key).map(|owner| owner.as_str());
                 for (key, owner) in ingested.keys {
                     // The first owner stays (a user registered again keeps its key).
-                    let earlier = created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
-                    if let Some(earlier) = earlier.map(|earlier| earlier.value().to_string()) {
-                        created.insert(key.as_str(), earlier.as_str()).map_err(fatal)?;
+                    if owner_of(&key).is_none() && !new_owners.contains_key(&key) {
+                        new_owners.insert(key.clone(), owner.clone());
+                        created.push((key, owner));
                     }
                 }
                 for (key, owner) in ingested.exclusive_keys {
-                    let existing = created.get(key.as_str()).map_err(fatal)?.map(|value| value.value().to_string());
-                    match existing {
+                    match owner_of(&key).or_else(|| new_owners.get(&key).map(String::as_str)) {
                         Some(existing) if existing != owner => {
                             // Dropping the transaction appends nothing of the request.
                             return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
                         }
                         Some(_) => {}
                         None => {
-                            created.insert(key.as_str(), owner.as_str()).map_err(fatal)?;
+                            new_owners.insert(key.clone(), owner.clone());
+                            created.push((key, owner));
                         }
                     }
                 }
+                new_positions.insert(event_id, position);
+                journal.push(JournalEntry { event_id: event_id.to_string(), keys: created });
                 outcomes.push(Appended::New { position });
             }
+            if journal.is_empty() {
+                return Ok(outcomes); // every input was a duplicate: nothing to write
+            }
+            let mut journal_table = transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?;
+            journal_table.insert(first_position, encode_journal(&journal)?.as_slice()).map_err(fatal)?;
             heads.insert(INGEST_HEAD, next_position).map_err(fatal)?;
             appender.finish(&mut heads)?;
         }
         // An encoding error above drops the transaction: nothing of the request is appended.
         transaction.commit().map_err(fatal)?;
+        self.ingestion.write().unwrap_or_else(std::sync::PoisonError::into_inner).merge(first_position, journal);
         Ok(outcomes)
     }
 
+    // No `ingestion_reader` of its own: the default looks each id up under the lock, one at a time. The
+    // index only grows and a key's first owner stays, so a later lookup sees all an earlier one saw; a
+    // reader holding the lock through a request would deadlock an ingestion on the same thread.
     fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
-        let transaction = self.database.begin_read().map_err(fatal)?;
-        let table = transaction.open_table(EVENT_IDS).map_err(fatal)?;
-        Ok(table.get(event_id).map_err(fatal)?.map(|value| value.value()))
+        Ok(self.ingestion_index().positions.get(event_id).copied())
     }
 
     fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
-        let transaction = self.database.begin_read().map_err(fatal)?;
-        let table = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
-        Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
-    }
-
-    fn ingestion_reader(&self) -> Result<Box<dyn IngestionReader + '_>, RuntimeError> {
-        let transaction = self.database.begin_read().map_err(fatal)?;
-        let event_ids = transaction.open_table(EVENT_IDS).map_err(fatal)?;
-        let keys = transaction.open_table(INGESTED_KEYS).map_err(fatal)?;
-        Ok(Box::new(RedbIngestionReader { event_ids, keys }))
+        Ok(self.ingestion_index().owners.get(key).map(|owner| owner.to_string()))
     }
 
     fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
@@ -477,22 +610,6 @@ impl Store for RedbStore {
             table.insert(key, value).map_err(fatal)?;
         }
         transaction.commit().map_err(fatal)
-    }
-}
-
-/// The event ids and ingested keys of one read transaction (the tables keep it open).
-struct RedbIngestionReader {
-    event_ids: redb::ReadOnlyTable<&'static str, u64>,
-    keys: redb::ReadOnlyTable<&'static str, &'static str>,
-}
-
-impl IngestionReader for RedbIngestionReader {
-    fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
-        Ok(self.event_ids.get(event_id).map_err(fatal)?.map(|value| value.value()))
-    }
-
-    fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
-        Ok(self.keys.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 }
 
@@ -567,6 +684,89 @@ mod tests {
         }
         assert_eq!(reader.ingested_key("order:o1").expect("a lookup").as_deref(), Some("m1"));
         assert_eq!(reader.ingested_key("order:o2").expect("a lookup"), None);
+    }
+
+    /// The index comes back from the journal at open: positions, first owners, duplicates and the next
+    /// position as before; a refused request left nothing in it to come back.
+    #[test]
+    fn event_ids_and_keys_come_back_when_the_store_opens_again() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let create = |store: &RedbStore, event_ids: &[&str], merchant: &str| {
+            store.ingest(event_ids, &mut |index, position| {
+                Ok(Ingested {
+                    records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    keys: vec![(format!("order:o{index}"), merchant.to_string())],
+                    exclusive_keys: vec![("card:k1".to_string(), "u1".to_string())],
+                    at_ms: None,
+                })
+            })
+        };
+        {
+            let store = RedbStore::open(directory.path()).expect("the store opens");
+            create(&store, &["e1", "e2"], "m1").expect("ingested");
+            create(&store, &["e2", "e3"], "m2").expect("ingested");
+            assert!(matches!(bind(&store, "e4", "k1", "u2"), Err(RuntimeError::Invalid(_))));
+        }
+        let store = RedbStore::open(directory.path()).expect("the store opens again");
+        for (event_id, position) in [("e1", Some(0)), ("e2", Some(1)), ("e3", Some(2)), ("e4", None)] {
+            assert_eq!(store.event_position(event_id).expect("a lookup"), position, "{event_id}");
+        }
+        assert_eq!(store.ingested_key("order:o0").expect("a lookup").as_deref(), Some("m1"));
+        assert_eq!(store.ingested_key("order:o1").expect("a lookup").as_deref(), Some("m1"), "first owner");
+        assert_eq!(store.ingested_key("card:k1").expect("a lookup").as_deref(), Some("u1"));
+        assert!(matches!(bind(&store, "e5", "k1", "u2"), Err(RuntimeError::Invalid(_))), "still u1's card");
+        let outcomes = create(&store, &["e3", "e6"], "m3").expect("ingested");
+        assert_eq!(outcomes, vec![Appended::Duplicate { position: 2 }, Appended::New { position: 3 }]);
+        assert_eq!(store.head("order-0").expect("a head"), 4);
+    }
+
+    /// A data directory written before the journal keeps its event ids and keys in two tables: they
+    /// answer as before, and new inputs go to the journal beside them.
+    #[test]
+    fn a_data_directory_written_before_the_journal_keeps_its_event_ids_and_keys() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        {
+            let store = RedbStore::open(directory.path()).expect("the store opens");
+            let transaction = store.database.begin_write().expect("a write transaction");
+            {
+                let mut event_ids = transaction.open_table(EVENT_IDS).expect("the table");
+                event_ids.insert("old-1", 0).expect("inserted");
+                event_ids.insert("old-2", 1).expect("inserted");
+                transaction.open_table(INGESTED_KEYS).expect("the table").insert("card:k1", "u1").expect("inserted");
+                transaction.open_table(HEADS).expect("the table").insert(INGEST_HEAD, 2).expect("inserted");
+            }
+            transaction.commit().expect("committed");
+        }
+        let store = RedbStore::open(directory.path()).expect("the store opens again");
+        assert_eq!(store.event_position("old-2").expect("a lookup"), Some(1));
+        assert!(matches!(bind(&store, "new-1", "k1", "u2"), Err(RuntimeError::Invalid(_))), "u1's card");
+        assert_eq!(bind(&store, "old-1", "k1", "u1").expect("a duplicate"), vec![Appended::Duplicate { position: 0 }]);
+        assert_eq!(bind(&store, "new-2", "k2", "u2").expect("appended"), vec![Appended::New { position: 2 }]);
+        drop(store);
+        let store = RedbStore::open(directory.path()).expect("the store opens a third time");
+        assert_eq!(store.event_position("new-2").expect("a lookup"), Some(2));
+        assert_eq!(store.ingested_key("card:k2").expect("a lookup").as_deref(), Some("u2"));
+    }
+
+    #[test]
+    fn a_journal_value_decodes_to_what_was_encoded_and_a_damaged_one_is_an_error() {
+        let entries = vec![
+            JournalEntry { event_id: String::new(), keys: Vec::new() },
+            JournalEntry {
+                event_id: "é:1".to_string(),
+                keys: vec![("order:o1".to_string(), "m1".to_string()), ("card:".to_string(), String::new())],
+            },
+        ];
+        let bytes = encode_journal(&entries).expect("encoded");
+        assert_eq!(decode_journal(&bytes).expect("decoded"), entries);
+        for cut in 0..bytes.len() {
+            let decoded = decode_journal(&bytes[..cut]);
+            // Some prefixes end between entries and decode to fewer of them; none decodes to all.
+            assert!(decoded.as_ref().map_or(true, |decoded| decoded.len() < entries.len()), "{cut}: {decoded:?}");
+        }
+        let mut other_format = bytes.clone();
+        other_format[0] = JOURNAL_FORMAT + 1;
+        assert!(decode_journal(&other_format).is_err());
     }
 
     /// Records of varied sizes appended over several commits (some spanning several segments), with
