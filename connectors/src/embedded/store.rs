@@ -75,11 +75,15 @@ pub struct RedbStore {
 struct IngestionIndex {
     positions: rustc_hash::FxHashMap<pipelines::Text, u64>,
     owners: rustc_hash::FxHashMap<pipelines::Text, pipelines::Text>,
+    /// The position the next new input gets (the durable `INGEST_HEAD`, checked at each write).
+    next_position: u64,
 }
 
 impl IngestionIndex {
-    /// Adds what one journal value records: the first position and owner of each stay.
+    /// Adds what one journal value records: the first position and owner of each stay, and the next
+    /// position moves past its inputs.
     fn merge(&mut self, first_position: u64, entries: Vec<JournalEntry>) {
+        self.next_position = self.next_position.max(first_position + entries.len() as u64);
         for (position, entry) in (first_position..).zip(entries) {
             let first = *self.positions.entry(entry.event_id.as_str().into()).or_insert(position);
             debug_assert_eq!(first, position, "event id {} journaled twice", entry.event_id);
@@ -88,6 +92,18 @@ impl IngestionIndex {
             }
         }
     }
+}
+
+/// A request's ingestion, encoded and not yet written.
+struct PreparedIngestion {
+    /// The position of its first new input; the others follow.
+    first_position: u64,
+    /// Per input of the request, in order.
+    outcomes: Vec<Appended>,
+    /// (log, record) of its new inputs, in order.
+    records: Vec<(String, Vec<u8>)>,
+    /// Its new inputs, in position order.
+    journal: Vec<JournalEntry>,
 }
 
 /// One input an ingesting transaction took: its event id and the keys it created (key, owner).
@@ -245,11 +261,72 @@ impl RedbStore {
             let (first_position, value) = entry.map_err(fatal)?;
             index.merge(first_position.value(), decode_journal(value.value())?);
         }
+        let head = transaction.open_table(HEADS).map_err(fatal)?.get(INGEST_HEAD).map_err(fatal)?;
+        let head = head.map_or(0, |value| value.value());
+        if head < index.next_position {
+            return Err(fatal(format!("the ingestion head {head} is behind the journal ({})", index.next_position)));
+        }
+        index.next_position = head;
         Ok(index)
     }
 
     fn ingestion_index(&self) -> std::sync::RwLockReadGuard<'_, IngestionIndex> {
         self.ingestion.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Assigns positions to the request's new inputs and encodes them, checked against the index and
+    /// the request's own earlier inputs (an event id may repeat within a request). Nothing is written.
+    /// The caller holds [`RedbStore::ingesting`], so the index cannot change before the request is
+    /// written and merged.
+    fn prepare_ingestion(
+        &self,
+        event_ids: &[&str],
+        encode: &mut IngestEncoder<'_>,
+    ) -> Result<PreparedIngestion, RuntimeError> {
+        let index = self.ingestion_index();
+        let mut prepared = PreparedIngestion {
+            first_position: index.next_position,
+            outcomes: Vec::with_capacity(event_ids.len()),
+            records: Vec::new(),
+            journal: Vec::new(),
+        };
+        let mut new_positions: rustc_hash::FxHashMap<&str, u64> = Default::default();
+        let mut new_owners: rustc_hash::FxHashMap<String, String> = Default::default();
+        for (request_index, event_id) in event_ids.iter().enumerate() {
+            if let Some(earlier) = index.positions.get(*event_id).or_else(|| new_positions.get(*event_id)) {
+                prepared.outcomes.push(Appended::Duplicate { position: *earlier });
+                continue;
+            }
+            let position = prepared.first_position + prepared.journal.len() as u64;
+            let ingested = encode(request_index, position)?;
+            prepared.records.extend(ingested.records);
+            let mut created = Vec::new();
+            let owner_of = |key: &str| index.owners.get(key).map(|owner| owner.as_str());
+            for (key, owner) in ingested.keys {
+                // The first owner stays (a user registered again keeps its key).
+                if owner_of(&key).is_none() && !new_owners.contains_key(&key) {
+                    new_owners.insert(key.clone(), owner.clone());
+                    created.push((key, owner));
+                }
+            }
+            for (key, owner) in ingested.exclusive_keys {
+                match owner_of(&key).or_else(|| new_owners.get(&key).map(String::as_str)) {
+                    Some(existing) if existing != owner => {
+                        // Nothing of the request is written.
+                        return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
+                    }
+                    Some(_) => {}
+                    None => {
+                        new_owners.insert(key.clone(), owner.clone());
+                        created.push((key, owner));
+                    }
+                }
+            }
+            new_positions.insert(event_id, position);
+            prepared.journal.push(JournalEntry { event_id: event_id.to_string(), keys: created });
+            prepared.outcomes.push(Appended::New { position });
+        }
+        Ok(prepared)
     }
 
     /// Writes the queued batches (at most [`GROUP_BATCHES_MAX`]) as one group, without the lock
@@ -514,72 +591,41 @@ impl Store for RedbStore {
         state.outcome(ticket)
     }
 
+    /// Encodes the request's new inputs first, holding only the ingestion lock, then writes them in a
+    /// short transaction: redb's one writer, which every processing round and statement answer queues
+    /// for, is held for the appends and the commit, not for the encoding.
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
         let _ingesting = self.ingesting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let prepared = self.prepare_ingestion(event_ids, encode)?;
+        if prepared.journal.is_empty() {
+            return Ok(prepared.outcomes); // every input was a duplicate: nothing to write
+        }
         let transaction = self.database.begin_write().map_err(fatal)?;
-        let mut outcomes = Vec::with_capacity(event_ids.len());
-        // What this request adds: looked up beside the index (an id may repeat within a request), merged
-        // into it once committed.
-        let mut journal: Vec<JournalEntry> = Vec::new();
-        let mut new_positions: rustc_hash::FxHashMap<&str, u64> = Default::default();
-        let mut new_owners: rustc_hash::FxHashMap<String, String> = Default::default();
-        let first_position;
         {
-            let index = self.ingestion_index();
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
+            let durable_head = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
+            if durable_head != prepared.first_position {
+                return Err(fatal(format!(
+                    "the ingestion head is {durable_head}, the index expected {}",
+                    prepared.first_position
+                )));
+            }
             let mut appender = Appender::new(&transaction);
-            first_position = heads.get(INGEST_HEAD).map_err(fatal)?.map_or(0, |value| value.value());
-            let mut next_position = first_position;
-            for (request_index, event_id) in event_ids.iter().enumerate() {
-                let earlier = index.positions.get(*event_id).or_else(|| new_positions.get(*event_id));
-                if let Some(earlier) = earlier {
-                    outcomes.push(Appended::Duplicate { position: *earlier });
-                    continue;
-                }
-                let position = next_position;
-                next_position += 1;
-                let ingested = encode(request_index, position)?;
-                for (log, bytes) in ingested.records {
-                    appender.append(&heads, &log, &bytes)?;
-                }
-                let mut created = Vec::new();
-                let owner_of = |key: &str| index.owners.get(key).map(|owner| owner.as_str());
-                for (key, owner) in ingested.keys {
-                    // The first owner stays (a user registered again keeps its key).
-                    if owner_of(&key).is_none() && !new_owners.contains_key(&key) {
-                        new_owners.insert(key.clone(), owner.clone());
-                        created.push((key, owner));
-                    }
-                }
-                for (key, owner) in ingested.exclusive_keys {
-                    match owner_of(&key).or_else(|| new_owners.get(&key).map(String::as_str)) {
-                        Some(existing) if existing != owner => {
-                            // Dropping the transaction appends nothing of the request.
-                            return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
-                        }
-                        Some(_) => {}
-                        None => {
-                            new_owners.insert(key.clone(), owner.clone());
-                            created.push((key, owner));
-                        }
-                    }
-                }
-                new_positions.insert(event_id, position);
-                journal.push(JournalEntry { event_id: event_id.to_string(), keys: created });
-                outcomes.push(Appended::New { position });
+            for (log, bytes) in &prepared.records {
+                appender.append(&heads, log, bytes)?;
             }
-            if journal.is_empty() {
-                return Ok(outcomes); // every input was a duplicate: nothing to write
-            }
+            let journal = encode_journal(&prepared.journal)?;
             let mut journal_table = transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?;
-            journal_table.insert(first_position, encode_journal(&journal)?.as_slice()).map_err(fatal)?;
+            journal_table.insert(prepared.first_position, journal.as_slice()).map_err(fatal)?;
+            let next_position = prepared.first_position + prepared.journal.len() as u64;
             heads.insert(INGEST_HEAD, next_position).map_err(fatal)?;
             appender.finish(&mut heads)?;
         }
-        // An encoding error above drops the transaction: nothing of the request is appended.
+        // An error above drops the transaction: nothing of the request is appended, the index unchanged.
         transaction.commit().map_err(fatal)?;
-        self.ingestion.write().unwrap_or_else(std::sync::PoisonError::into_inner).merge(first_position, journal);
-        Ok(outcomes)
+        let mut index = self.ingestion.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        index.merge(prepared.first_position, prepared.journal);
+        Ok(prepared.outcomes)
     }
 
     // No `ingestion_reader` of its own: the default looks each id up under the lock, one at a time. The
