@@ -766,6 +766,84 @@ mod tests {
         assert_eq!(store.head("order-0").expect("a head"), 4);
     }
 
+    /// Requests racing from several threads over the same event ids and cards, while rounds commit
+    /// beside them: each event id gets one position, positions are dense, each record is appended once
+    /// (its bytes name its position), each card keeps one agent, and all of it comes back at open.
+    #[test]
+    fn racing_ingestions_take_each_event_id_and_card_once() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let (threads, requests, ids) = (4usize, 30usize, 40usize);
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let mut owners = std::collections::BTreeMap::new();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let store = &store;
+                    scope.spawn(move || {
+                        let mut bound = Vec::new();
+                        for request in 0..requests {
+                            // Overlapping windows of ids: most are taken by another thread first.
+                            let event_ids: Vec<String> =
+                                (0..5).map(|step| format!("e{}", (request * 3 + step * 7 + thread) % ids)).collect();
+                            let refs: Vec<&str> = event_ids.iter().map(String::as_str).collect();
+                            let card = format!("card:k{}", (request + thread) % 6);
+                            let outcome = store.ingest(&refs, &mut |_, position| {
+                                Ok(Ingested {
+                                    records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                                    keys: Vec::new(),
+                                    exclusive_keys: vec![(card.clone(), format!("u{thread}"))],
+                                    at_ms: None,
+                                })
+                            });
+                            match outcome {
+                                // A request whose ids were all taken before binds nothing.
+                                Ok(outcomes)
+                                    if outcomes.iter().any(|outcome| matches!(outcome, Appended::New { .. })) =>
+                                {
+                                    bound.push((card, format!("u{thread}")))
+                                }
+                                Ok(_) => {}
+                                Err(RuntimeError::Invalid(_)) => {}
+                                Err(error) => panic!("ingestion failed: {error}"),
+                            }
+                            let mut round = WriteBatch::default();
+                            round.appends.push(("outputs".to_string(), b"round".to_vec()));
+                            store.commit(round).expect("a round commits");
+                        }
+                        bound
+                    })
+                })
+                .collect();
+            for handle in handles {
+                for (card, owner) in handle.join().expect("a thread") {
+                    let first = owners.entry(card.clone()).or_insert_with(|| owner.clone());
+                    assert_eq!(*first, owner, "{card} went to two agents");
+                }
+            }
+        });
+        let taken: Vec<u64> =
+            (0..ids).filter_map(|id| store.event_position(&format!("e{id}")).expect("a lookup")).collect();
+        let head = store.head("agent-0").expect("a head");
+        let mut sorted = taken.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..head).collect::<Vec<_>>(), "one dense position per event id taken");
+        let records: Vec<Vec<u8>> =
+            store.read("agent-0", 0, 10_000).expect("read").into_iter().map(|(_, r)| r).collect();
+        let expected: Vec<Vec<u8>> = (0..head).map(|position| format!("{position}").into_bytes()).collect();
+        assert_eq!(records, expected, "each position's record once, in position order");
+        for (card, owner) in &owners {
+            assert_eq!(store.ingested_key(card).expect("a lookup").as_ref(), Some(owner), "{card}");
+        }
+        drop(store);
+        let store = RedbStore::open(directory.path()).expect("the store opens again");
+        let again: Vec<u64> =
+            (0..ids).filter_map(|id| store.event_position(&format!("e{id}")).expect("a lookup")).collect();
+        assert_eq!(again, taken);
+        for (card, owner) in &owners {
+            assert_eq!(store.ingested_key(card).expect("a lookup").as_ref(), Some(owner), "{card} after opening");
+        }
+    }
+
     /// A data directory written before the journal keeps its event ids and keys in two tables: they
     /// answer as before, and new inputs go to the journal beside them.
     #[test]
