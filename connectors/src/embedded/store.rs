@@ -2,7 +2,7 @@
 //! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
 //! consumer offset survive a kill -9 together or not at all.
 
-use crate::runtime::{Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, Submission, WriteBatch};
+use crate::runtime::{claim_keys, Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, Submission, WriteBatch};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -300,28 +300,9 @@ impl RedbStore {
             let position = prepared.first_position + prepared.journal.len() as u64;
             let ingested = encode(request_index, position)?;
             prepared.records.extend(ingested.records);
-            let mut created = Vec::new();
+            // A refusal returns before anything of the request is written.
             let owner_of = |key: &str| index.owners.get(key).map(|owner| owner.as_str());
-            for (key, owner) in ingested.keys {
-                // The first owner stays (a user registered again keeps its key).
-                if owner_of(&key).is_none() && !new_owners.contains_key(&key) {
-                    new_owners.insert(key.clone(), owner.clone());
-                    created.push((key, owner));
-                }
-            }
-            for (key, owner) in ingested.exclusive_keys {
-                match owner_of(&key).or_else(|| new_owners.get(&key).map(String::as_str)) {
-                    Some(existing) if existing != owner => {
-                        // Nothing of the request is written.
-                        return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
-                    }
-                    Some(_) => {}
-                    None => {
-                        new_owners.insert(key.clone(), owner.clone());
-                        created.push((key, owner));
-                    }
-                }
-            }
+            let created = claim_keys(owner_of, &mut new_owners, ingested.keys, ingested.exclusive_keys)?;
             new_positions.insert(event_id, position);
             prepared.journal.push(JournalEntry { event_id: event_id.to_string(), keys: created });
             prepared.outcomes.push(Appended::New { position });

@@ -12,7 +12,7 @@
 //! drops ids it has applied (`StagePartition`), so a record delivered twice changes nothing.
 
 use super::config::KafkaConfig;
-use crate::runtime::{lock, Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
+use crate::runtime::{claim_keys, lock, Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, WriteBatch};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
@@ -689,22 +689,9 @@ impl Store for KafkaStore {
             if let Some(at) = ingested.at_ms {
                 at_max = Some(at_max.map_or(at, |known: i64| known.max(at)));
             }
-            for (key, owner) in ingested.exclusive_keys {
-                match index.keys.get(&key).or_else(|| new_keys.get(&key)) {
-                    Some(existing) if *existing != owner => {
-                        return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
-                    }
-                    Some(_) => {}
-                    None => {
-                        new_keys.insert(key, owner);
-                    }
-                }
-            }
-            for (key, owner) in ingested.keys {
-                if !index.keys.contains_key(&key) {
-                    new_keys.entry(key).or_insert(owner);
-                }
-            }
+            // The keys claimed are all in `new_keys`, written once after the loop.
+            let known = |key: &str| index.keys.get(key).map(String::as_str);
+            claim_keys(known, &mut new_keys, ingested.keys, ingested.exclusive_keys)?;
             for (log, payload) in ingested.records {
                 records.push(self.outgoing(&log, payload)?);
             }

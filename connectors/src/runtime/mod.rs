@@ -315,6 +315,39 @@ pub struct Ingested {
     pub at_ms: Option<i64>,
 }
 
+/// The keys one ingested input creates that no input before it created, recorded in `new_owners` (the
+/// request's earlier inputs) and returned; `known` gives the owner recorded before the request. A key
+/// keeps its first owner; an exclusive key ([`Ingested::exclusive_keys`]) recorded with another owner
+/// refuses the whole request with [`RuntimeError::Invalid`]. Shared by the stores' `ingest`.
+pub fn claim_keys<'k, S: std::hash::BuildHasher>(
+    known: impl Fn(&str) -> Option<&'k str>,
+    new_owners: &mut std::collections::HashMap<String, String, S>,
+    keys: KeyOwners,
+    exclusive_keys: KeyOwners,
+) -> Result<KeyOwners, RuntimeError> {
+    let mut created = Vec::new();
+    for (key, owner) in keys {
+        // The first owner stays (a user registered again keeps its key).
+        if known(&key).is_none() && !new_owners.contains_key(&key) {
+            new_owners.insert(key.clone(), owner.clone());
+            created.push((key, owner));
+        }
+    }
+    for (key, owner) in exclusive_keys {
+        match known(&key).or_else(|| new_owners.get(&key).map(String::as_str)) {
+            Some(existing) if existing != owner => {
+                return Err(RuntimeError::Invalid(format!("`{key}` already belongs to `{existing}`")));
+            }
+            Some(_) => {}
+            None => {
+                new_owners.insert(key.clone(), owner.clone());
+                created.push((key, owner));
+            }
+        }
+    }
+    Ok(created)
+}
+
 /// What [`Store::ingest`] calls for each new input: (index in the request, ingestion position) → what
 /// the input becomes.
 pub type IngestEncoder<'a> = dyn FnMut(usize, u64) -> Result<Ingested, RuntimeError> + 'a;
