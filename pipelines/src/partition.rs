@@ -9,7 +9,7 @@
 //! the state at some position of the log, applying only the records after it.
 //! Still pure: no I/O, no OS clock.
 
-use crate::answer_barrier::AnswerBarrier;
+use crate::answer_barrier::{agent_of, timer_agent, AnswerBarrier, Released};
 use crate::config::Config;
 use crate::input::{Command, Input};
 use crate::output::Output;
@@ -452,12 +452,10 @@ impl StagePartition {
         self.clock
     }
 
-    /// When the next timer falls due (the ticker appends a tick only to partitions that need one). None
-    /// while records wait for an answer: a tick would wait too, and the answer fires what is due.
+    /// When the next timer falls due (the ticker appends a tick only to partitions that need one). The
+    /// timers of agents waiting for an answer are not among them once their time has passed: the answer
+    /// fires them.
     pub fn next_timer_due(&self) -> Option<Timestamp> {
-        if self.answer_barrier.as_ref().is_some_and(|barrier| barrier.held() > 0) {
-            return None;
-        }
         self.timers.first_key().map(|(due, _)| due)
     }
 
@@ -476,8 +474,8 @@ impl StagePartition {
     }
 
     /// Applies one record of this partition's log; what it produced is appended to `produced`. With an
-    /// answer barrier the record may be held instead, and records held before may be applied with it
-    /// (what they produce is appended too, so it takes ids from this record's position).
+    /// answer barrier a record for an agent may be held instead, and what the agent held before may be
+    /// applied with it (what that produces is appended too, so it takes ids from this record's position).
     pub fn apply(&mut self, record: StageRecord, produced: &mut Produced) -> Applied {
         let position = (record.id.offset, record.id.index);
         match self.high_water.get_mut(&record.id.source) {
@@ -491,41 +489,97 @@ impl StagePartition {
             }
         }
         self.records_applied += 1;
-        // Held past the bound, the record may still release an earlier one (an answer given up).
-        let mut next = match self.answer_barrier.as_mut() {
-            Some(barrier) => barrier.admit(record).or_else(|| barrier.release()),
-            None => Some(record),
+        let user_id = match &self.answer_barrier {
+            Some(_) => agent_of(&record).cloned(),
+            None => None,
         };
-        while let Some(record) = next {
-            if let Some(stopped) = self.apply_now(record, produced) {
-                // Only the barrier stops a record (`fire_timers`), so it is there to hold it.
-                debug_assert!(self.answer_barrier.is_some(), "a record stopped without a barrier");
-                if let Some(barrier) = self.answer_barrier.as_mut() {
-                    // Released again once its answer comes, or at once past the bound (an answer given up).
-                    barrier.hold_first(stopped);
-                }
+        match user_id {
+            Some(user_id) => self.admit(&user_id, record, produced),
+            // Without a barrier nothing stops a record; a tick (for every key) is never held, and the
+            // timers it fires for agents waiting past their time are deferred instead.
+            None => {
+                let stopped = self.apply_now(record, None, produced);
+                debug_assert!(stopped.is_none(), "only a record for a waiting agent stops");
             }
-            next = self.answer_barrier.as_mut().and_then(AnswerBarrier::release);
+        }
+        while let Some(user_id) = self.answer_barrier.as_mut().and_then(AnswerBarrier::give_up_past_bounds) {
+            self.release(&user_id, produced);
         }
         Applied::Applied
     }
 
-    /// Applies a record past the duplicate check and the barrier. Returns it unapplied when a timer due
-    /// before it asked a crawl whose answer is stamped before it too: in replay that answer comes
-    /// first (and before the crawl's timeout, another timer due before the record), so the record
-    /// waits for it like any record behind the barrier. Timers fired before the stop stay fired.
-    fn apply_now(&mut self, record: StageRecord, produced: &mut Produced) -> Option<StageRecord> {
+    /// A record for an agent, with the barrier: applied now (an awaited answer always is), or held
+    /// behind what the agent waits for; then whatever the agent may apply after it.
+    fn admit(&mut self, user_id: &Text, record: StageRecord, produced: &mut Produced) {
+        let Some(barrier) = self.answer_barrier.as_mut() else { return };
+        let answer = barrier.take_answer(&record).is_some();
+        if !answer && barrier.must_hold(user_id, record.at) {
+            barrier.hold(user_id, record);
+        } else {
+            self.apply_for_agent(user_id, record, produced);
+        }
+        self.release(user_id, produced);
+    }
+
+    /// Applies, while the barrier lets it, what `user_id` holds and the timers it deferred, in time order.
+    fn release(&mut self, user_id: &Text, produced: &mut Produced) {
+        while let Some(released) = self.answer_barrier.as_mut().and_then(|barrier| barrier.release(user_id)) {
+            match released {
+                Released::Timer(key, timer) => self.fire_timer(key, timer, produced),
+                Released::Record(record) => self.apply_for_agent(user_id, record, produced),
+            }
+        }
+    }
+
+    /// Applies a record for `user_id` after the timers it deferred that fall due before it, unless one of
+    /// them (or of those the record fires) asks a crawl whose answer is stamped before the record too: in
+    /// replay that answer comes first (and before the crawl's timeout, another timer due before the
+    /// record), so the record is held, first of what the agent holds.
+    fn apply_for_agent(&mut self, user_id: &Text, record: StageRecord, produced: &mut Produced) {
+        self.fire_deferred_before(user_id, record.at, produced);
+        let stopped = match &self.answer_barrier {
+            Some(barrier) if barrier.blocks(user_id, record.at) => Some(record),
+            _ => self.apply_now(record, Some(user_id), produced),
+        };
+        if let (Some(stopped), Some(barrier)) = (stopped, self.answer_barrier.as_mut()) {
+            barrier.hold_first(user_id, stopped);
+        }
+    }
+
+    /// Fires the timers `user_id` deferred that fall due before `at` and may fire now, in order.
+    fn fire_deferred_before(&mut self, user_id: &Text, at: Timestamp, produced: &mut Produced) {
+        while let Some((key, timer)) =
+            self.answer_barrier.as_mut().and_then(|barrier| barrier.release_timer_before(user_id, at))
+        {
+            self.fire_timer(key, timer, produced);
+        }
+    }
+
+    /// Applies a record past the duplicate check and the barrier (`user_id`: the agent it is for, with
+    /// a barrier). Returns it unapplied when a timer of that agent due before it asked a crawl whose
+    /// answer is stamped before it too (see [`StagePartition::apply_for_agent`]). Timers fired before
+    /// the stop stay fired.
+    fn apply_now(
+        &mut self,
+        record: StageRecord,
+        user_id: Option<&Text>,
+        produced: &mut Produced,
+    ) -> Option<StageRecord> {
         let at = record.at;
         // A tick fires the timers due at its time too; an input goes before them (SPEC §3).
         let fires_due_at = matches!(record.body, RecordBody::Tick);
-        if !self.fire_timers(at, fires_due_at, produced) {
+        if !self.fire_timers(at, fires_due_at, user_id, produced) {
             return Some(record);
         }
-        let first_output = produced.outputs.len();
+        let now = match (user_id, self.answer_barrier.as_mut()) {
+            (Some(user_id), Some(barrier)) => barrier.run_at(user_id, at),
+            _ => self.clock.max(at),
+        };
         self.clock = self.clock.max(at);
+        let first_output = produced.outputs.len();
         if let RecordBody::Message { message } = record.body {
             debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
-            self.run(Work::Message(message), produced);
+            self.run(Work::Message(message), now, produced);
         }
         if let Some(barrier) = self.answer_barrier.as_mut() {
             barrier.await_answers(&produced.outputs[first_output..]);
@@ -539,34 +593,70 @@ impl StagePartition {
     }
 
     /// Fires, in (due, creation) order (SPEC §3), the timers due before a record stamped `record_at`
-    /// (and those due at it, if `fires_due_at`). With an answer barrier, stops (returns false) once a
-    /// fired timer has asked a crawl whose answer the record must wait for.
-    fn fire_timers(&mut self, record_at: Timestamp, fires_due_at: bool, produced: &mut Produced) -> bool {
+    /// (and those due at it, if `fires_due_at`); with an answer barrier, a timer of an agent that waits
+    /// for an answer stamped before it is deferred to the agent instead. Stops (returns false) once a
+    /// timer of `user_id` (the agent the record is for) has asked a crawl whose answer the record must
+    /// wait for.
+    fn fire_timers(
+        &mut self,
+        record_at: Timestamp,
+        fires_due_at: bool,
+        user_id: Option<&Text>,
+        produced: &mut Produced,
+    ) -> bool {
         while let Some((due, _)) = self.timers.first_key() {
             if due > record_at || (due == record_at && !fires_due_at) {
                 break;
             }
-            let Some((_, timer)) = self.timers.pop_first() else {
+            let Some((key, timer)) = self.timers.pop_first() else {
                 break;
             };
-            // A timer acts, and stamps what it emits, at its due time (or at the clock if overdue).
-            self.clock = self.clock.max(due);
-            let first_output = produced.outputs.len();
-            self.run(Work::Timer(timer), produced);
-            if let Some(barrier) = self.answer_barrier.as_mut() {
-                barrier.await_answers(&produced.outputs[first_output..]);
-                if barrier.blocks(record_at) {
+            let Some(barrier) = self.answer_barrier.as_mut() else {
+                self.fire_timer(key, timer, produced);
+                continue;
+            };
+            let Some(owner) = timer_agent(&timer).cloned() else {
+                self.fire_timer(key, timer, produced);
+                continue;
+            };
+            if barrier.defers_timer(&owner, due) {
+                barrier.defer_timer(&owner, key, timer);
+                continue;
+            }
+            self.fire_timer(key, timer, produced);
+            if user_id == Some(&owner) {
+                self.fire_deferred_before(&owner, record_at, produced);
+                if self.answer_barrier.as_ref().is_some_and(|barrier| barrier.blocks(&owner, record_at)) {
                     return false;
                 }
+            } else {
+                // The timer may have set timers whose time has passed (deferred to the agent): they fire
+                // now, as they would have in replay.
+                self.release(&owner, produced);
             }
         }
         true
     }
 
+    /// Fires one timer. A timer acts, and stamps what it emits, at its due time (or at the clock if
+    /// overdue): the partition's clock, or the agent's own while it waits for an answer.
+    fn fire_timer(&mut self, key: crate::timers::TimerKey, timer: Timer, produced: &mut Produced) {
+        let (due, _) = key;
+        let now = match (timer_agent(&timer), self.answer_barrier.as_mut()) {
+            (Some(user_id), Some(barrier)) => barrier.run_at(user_id, due),
+            _ => self.clock.max(due),
+        };
+        self.clock = self.clock.max(due);
+        let first_output = produced.outputs.len();
+        self.run(Work::Timer(timer), now, produced);
+        if let Some(barrier) = self.answer_barrier.as_mut() {
+            barrier.await_answers(&produced.outputs[first_output..]);
+        }
+    }
+
     /// Processes one unit of work and what it causes in this partition, FIFO; messages for other
     /// partitions leave through `produced`.
-    fn run(&mut self, first: Work, produced: &mut Produced) {
-        let now = self.clock;
+    fn run(&mut self, first: Work, now: Timestamp, produced: &mut Produced) {
         let mut local = std::mem::take(&mut self.local);
         debug_assert!(local.is_empty());
         local.push_back(first);
@@ -598,7 +688,18 @@ impl StagePartition {
             }
             for (due, timer) in self.effects.timers.drain(..) {
                 self.timers_created += 1;
-                self.timers.insert((due, self.timers_created), timer);
+                let key = (due, self.timers_created);
+                // A waiting agent's timer whose time has passed (the agent runs behind the partition's
+                // clock) joins the timers it deferred: released with them, in time order, before what
+                // the agent holds that is stamped later. The partition's queue would fire it only with
+                // the next record or tick, after them.
+                match (self.answer_barrier.as_mut(), timer_agent(&timer)) {
+                    (Some(barrier), Some(user_id)) if due < self.clock && barrier.is_waiting(user_id) => {
+                        let user_id = user_id.clone();
+                        barrier.defer_timer(&user_id, key, timer);
+                    }
+                    _ => self.timers.insert(key, timer),
+                }
             }
         }
         self.local = local;
@@ -822,12 +923,11 @@ mod tests {
         serde_json::to_string(partition.state()).expect("serializes")
     }
 
-    /// The recharge is held for one awaited answer, and no tick is asked for meanwhile.
+    /// The recharge is held for one awaited answer.
     fn assert_waits_for_one_answer(waiting: &StagePartition) {
         assert_eq!(agent(waiting, "u1").available.to_string(), "0.00", "the recharge is not applied yet");
         let barrier = waiting.answer_barrier().expect("a barrier");
         assert_eq!((barrier.held(), barrier.awaited()), (1, 1));
-        assert_eq!(waiting.next_timer_due(), None, "no tick is asked for while a record waits");
     }
 
     /// `waiting` ended as `in_order` (replay's order): the same outputs and state, the recharge applied,
@@ -856,6 +956,12 @@ mod tests {
         let mut produced = Produced::default();
         assert_eq!(waiting.apply(record(RECHARGED_LATER, 3), &mut produced), Applied::Applied);
         assert!(produced.outputs.is_empty(), "held, so no timeout fired: {:?}", produced.outputs);
+        assert_waits_for_one_answer(&waiting);
+        // A tick past the crawl's timeout does not fire it either: the timer waits with the agent.
+        let timeout_at = waiting.next_timer_due().expect("the crawl's timeout");
+        waiting.apply(tick(timeout_at, 0), &mut produced);
+        assert!(produced.outputs.is_empty(), "the timeout waits for the answer: {:?}", produced.outputs);
+        assert!(waiting.next_timer_due() > Some(timeout_at), "deferred to the agent: no tick is asked for it");
         assert_waits_for_one_answer(&waiting);
         waiting.apply(answer(&request, asked_at, 0), &mut produced);
         assert_ends_as(&waiting, &produced, &in_order, &expected);
@@ -926,27 +1032,200 @@ mod tests {
         asked_check(&mut partition);
         let mut produced = Produced::default();
         let start = Timestamp::parse("2026-03-02T09:05:00Z").expect("a time");
-        let tick_at = |offset: usize| tick(start.plus_seconds(offset as i64), offset as u64);
+        let recharge_at = |offset: usize| {
+            let at = start.plus_seconds(offset as i64);
+            let line = RECHARGED_LATER.replace("2026-03-02T09:05:00Z", &at.to_string());
+            record(&line, 3 + offset as u64)
+        };
         for offset in 0..crate::answer_barrier::HELD_RECORDS_MAX {
-            partition.apply(tick_at(offset), &mut produced);
+            partition.apply(recharge_at(offset), &mut produced);
         }
         assert_eq!(partition.answer_barrier().map(AnswerBarrier::held), Some(crate::answer_barrier::HELD_RECORDS_MAX));
         assert!(produced.outputs.is_empty());
-        partition.apply(tick_at(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
+        partition.apply(recharge_at(crate::answer_barrier::HELD_RECORDS_MAX), &mut produced);
         let barrier = partition.answer_barrier().expect("a barrier");
         assert!(barrier.held() <= crate::answer_barrier::HELD_RECORDS_MAX, "bounded");
-        // The released tick fired the crawl's timeout, as without the barrier (R-CHK-1), and the retry
-        // asked the check again (R-CHK-3). A retry's answer is stamped before the tick, so the tick
-        // stops there and waits; past the bound that answer is given up in turn, until the tick is
-        // applied and the next tick waits for the last check asked.
+        // The first recharge released fired the crawl's timeout, as without the barrier (R-CHK-1), and
+        // the retry asked the check again (R-CHK-3). A retry's answer is stamped before the recharges,
+        // so they wait again; past the bound that answer is given up in turn, until the recharges
+        // held are within the bound and the rest wait for the last check asked.
         let asked_again = crawl_requests(&produced.outputs);
         assert!(!asked_again.is_empty(), "R-CHK-1 timeout, R-CHK-3 retry");
         assert!(barrier.given_up() >= 1);
-        assert_eq!(barrier.awaited(), 1, "the tick being applied waits for the last check asked");
+        assert_eq!(barrier.awaited(), 1, "the recharges still held wait for the last check asked");
         assert_eq!(
             asked_again.len() as u64,
             barrier.given_up() - 1 + barrier.awaited() as u64,
             "every check asked again is given up or still awaited"
         );
+    }
+
+    /// The keyed barrier (SPEC §3, R-CHK-1): however late the connector's answers come, each agent ends
+    /// as it does when every answer comes in its place in time (replay's order), and emits the same
+    /// outputs in the same order.
+    mod answers_in_any_order {
+        use super::*;
+        use proptest::prelude::*;
+
+        const AGENTS: [&str; 3] = ["ua", "ub", "uc"];
+
+        #[derive(Clone, Debug)]
+        enum Event {
+            /// Asks a check (R-CHK-1); its answer may be busy and asked again (R-CHK-3).
+            Reauthenticate,
+            Recharge(u32),
+        }
+
+        fn start() -> Timestamp {
+            Timestamp::parse("2026-03-02T09:00:00Z").expect("a time")
+        }
+
+        /// The log, in time order. Every record has its own millisecond within the second, so no two
+        /// records, and no record and an answer or timer another record led to, fall at the same instant.
+        fn log(agent_events: &[Vec<(u32, Event)>], ticks: &[u32]) -> Vec<StageRecord> {
+            let mut timed: Vec<(Timestamp, Option<String>)> = Vec::new();
+            let mut records = 0i64;
+            let mut instant = |seconds: u32| {
+                records += 1;
+                Timestamp::from_millis(start().millis() + i64::from(seconds) * 1_000 + records)
+            };
+            for (agent, events) in AGENTS.iter().zip(agent_events) {
+                let at = instant(0);
+                let registered =
+                    format!(r#"{{"type":"user_registered","at":"{at}","user_id":"{agent}","telegram_bound":false}}"#);
+                timed.push((at, Some(registered)));
+                let at = instant(1);
+                let bound = format!(
+                    r#"{{"type":"card_bound","at":"{at}","user_id":"{agent}","card_id":"k{agent}","provider":"paytm"}}"#
+                );
+                timed.push((at, Some(bound)));
+                for (seconds, event) in events {
+                    let at = instant(10 + seconds);
+                    let line = match event {
+                        Event::Reauthenticate => format!(
+                            r#"{{"type":"card_reauthenticated","at":"{at}","user_id":"{agent}","card_id":"k{agent}"}}"#
+                        ),
+                        Event::Recharge(amount) => format!(
+                            r#"{{"type":"user_recharge","at":"{at}","user_id":"{agent}","amount":"{amount}.00","commission":"0.00"}}"#
+                        ),
+                    };
+                    timed.push((at, Some(line)));
+                }
+            }
+            for seconds in ticks {
+                let at = instant(10 + seconds);
+                timed.push((at, None));
+            }
+            // Late ticks fire what is left (timeouts, retries) once every input is in.
+            for hours in [2, 4, 8] {
+                let at = instant(hours * 3_600);
+                timed.push((at, None));
+            }
+            timed.sort_by_key(|(at, _)| *at);
+            timed
+                .into_iter()
+                .enumerate()
+                .map(|(offset, (at, line))| match line {
+                    Some(line) => record(&line, offset as u64),
+                    None => tick(at, offset as u64),
+                })
+                .collect()
+        }
+
+        /// The provider's answer to `request` (busy for about a third of them), stamped `crawl_latency`
+        /// after it; each from its own source, so answers may arrive in any order.
+        fn answer_to(request: &crate::output::CrawlRequested, asked_at: Timestamp, number: usize) -> StageRecord {
+            let busy = crc32fast::hash(request.request_id.as_bytes()).is_multiple_of(3);
+            let result = crate::input::CrawlResult {
+                request_id: request.request_id.clone(),
+                user_id: request.user_id.clone(),
+                card_id: request.card_id.clone(),
+                ok: !busy,
+                error: busy.then_some(crate::input::CrawlError::UpstreamBusy),
+                lines: Vec::new(),
+                next_from: None,
+            };
+            let body = AgentBody::Input {
+                event_id: crate::joined("crawl", ':', &request.request_id),
+                command: Command::CrawlResult(result),
+            };
+            StageRecord {
+                id: RecordId { source: format!("answer-{number}").into(), offset: 0, index: 0 },
+                at: asked_at.plus_seconds(Config::default().crawl_latency_s),
+                body: RecordBody::Message { message: Message::Agent { user_id: request.user_id.clone(), body } },
+            }
+        }
+
+        /// Applies the log; each crawl's answer joins the log `delays[n]` records after its place in time
+        /// (the n-th crawl asked; cycled; 0: where replay applies it). Snapshots and restores the
+        /// partition after `restore_after` records.
+        fn run(log: &[StageRecord], delays: &[usize], restore_after: usize) -> (StagePartition, Vec<Output>) {
+            let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default()).with_answer_barrier(1);
+            let mut pending: VecDeque<StageRecord> = log.iter().cloned().collect();
+            let mut outputs = Vec::new();
+            let (mut asked, mut applied) = (0usize, 0usize);
+            while let Some(record) = pending.pop_front() {
+                applied += 1;
+                assert!(applied < 100_000, "answers keep coming");
+                let mut produced = Produced::default();
+                partition.apply(record, &mut produced);
+                let barrier = partition.answer_barrier().expect("a barrier");
+                barrier.check().expect("the barrier's books agree");
+                for (asked_at, request) in crawl_requests(&produced.outputs) {
+                    let answer = answer_to(&request, asked_at, asked);
+                    // Replay's place for the answer: before the first record stamped after it.
+                    let in_time = pending.iter().position(|record| record.at > answer.at).unwrap_or(pending.len());
+                    let delay = delays.get(asked % delays.len().max(1)).copied().unwrap_or(0);
+                    pending.insert((in_time + delay).min(pending.len()), answer);
+                    asked += 1;
+                }
+                outputs.extend(produced.outputs);
+                if applied == restore_after {
+                    let bytes = partition.snapshot().expect("encodes");
+                    partition = StagePartition::restore(&bytes, Config::default()).expect("restores");
+                }
+            }
+            (partition, outputs)
+        }
+
+        fn agent_outputs(outputs: &[Output], user_id: &str) -> Vec<String> {
+            let tag = format!(r#""user_id":"{user_id}""#);
+            outputs_text(outputs).into_iter().filter(|text| text.contains(&tag)).collect()
+        }
+
+        fn events() -> impl Strategy<Value = Vec<(u32, Event)>> {
+            let event = prop_oneof![Just(Event::Reauthenticate), (1u32..900).prop_map(Event::Recharge)];
+            proptest::collection::vec((0u32..400, event), 0..8)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn each_agent_ends_as_with_answers_in_time(
+                agent_events in proptest::collection::vec(events(), AGENTS.len()),
+                ticks in proptest::collection::vec(0u32..600, 0..6),
+                delays in proptest::collection::vec(0usize..12, 1..16),
+                restore_after in 0usize..200,
+            ) {
+                let log = log(&agent_events, &ticks);
+                let (in_time, expected) = run(&log, &[0], usize::MAX);
+                let (late, outputs) = run(&log, &delays, restore_after);
+                for partition in [&in_time, &late] {
+                    let barrier = partition.answer_barrier().expect("a barrier");
+                    prop_assert_eq!((barrier.held(), barrier.awaited(), barrier.agents_waiting()), (0, 0, 0));
+                    prop_assert_eq!(barrier.given_up(), 0);
+                }
+                for user_id in AGENTS {
+                    let agent_state = |partition: &StagePartition| serde_json::to_string(agent(partition, user_id)).expect("JSON");
+                    prop_assert_eq!(agent_state(&late), agent_state(&in_time), "{}'s state", user_id);
+                    prop_assert_eq!(agent_outputs(&outputs, user_id), agent_outputs(&expected, user_id), "{}'s outputs", user_id);
+                }
+                let mut all = outputs_text(&outputs);
+                let mut all_expected = outputs_text(&expected);
+                all.sort();
+                all_expected.sort();
+                prop_assert_eq!(all, all_expected);
+            }
+        }
     }
 }
