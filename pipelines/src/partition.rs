@@ -511,7 +511,12 @@ impl StagePartition {
     /// A record for an agent, with the barrier: applied now (an awaited answer always is), or held
     /// behind what the agent waits for; then whatever the agent may apply after it.
     fn admit(&mut self, user_id: &Text, record: StageRecord, produced: &mut Produced) {
-        let Some(barrier) = self.answer_barrier.as_mut() else { return };
+        let Some(barrier) = self.answer_barrier.as_mut() else {
+            debug_assert!(false, "a record admitted without a barrier");
+            let stopped = self.apply_now(record, None, produced);
+            debug_assert!(stopped.is_none(), "only a barrier stops a record");
+            return;
+        };
         let answer = barrier.take_answer(&record).is_some();
         if !answer && barrier.must_hold(user_id, record.at) {
             barrier.hold(user_id, record);
@@ -594,7 +599,7 @@ impl StagePartition {
 
     /// Fires, in (due, creation) order (SPEC §3), the timers due before a record stamped `record_at`
     /// (and those due at it, if `fires_due_at`); with an answer barrier, a timer of an agent that waits
-    /// for an answer stamped before it is deferred to the agent instead. Stops (returns false) once a
+    /// for an answer stamped at or before its due time is deferred to the agent instead. Stops (returns false) once a
     /// timer of `user_id` (the agent the record is for) has asked a crawl whose answer the record must
     /// wait for.
     fn fire_timers(
@@ -639,7 +644,7 @@ impl StagePartition {
     }
 
     /// Fires one timer. A timer acts, and stamps what it emits, at its due time (or at the clock if
-    /// overdue): the partition's clock, or the agent's own while it waits for an answer.
+    /// overdue): the partition's clock, or with an answer barrier the agent's own.
     fn fire_timer(&mut self, key: crate::timers::TimerKey, timer: Timer, produced: &mut Produced) {
         let (due, _) = key;
         let now = match (timer_agent(&timer), self.answer_barrier.as_mut()) {
