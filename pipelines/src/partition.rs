@@ -875,6 +875,17 @@ mod tests {
         offset: u64,
         error: Option<crate::input::CrawlError>,
     ) -> StageRecord {
+        answer_from(RecordId { source: "outputs".into(), offset, index: 0 }, request, asked_at, error)
+    }
+
+    /// An answer to `request` that is `error` (None: an empty page), with the record id `id`, stamped
+    /// `crawl_latency` after the request (the event clock).
+    fn answer_from(
+        id: RecordId,
+        request: &crate::output::CrawlRequested,
+        asked_at: Timestamp,
+        error: Option<crate::input::CrawlError>,
+    ) -> StageRecord {
         let result = crate::input::CrawlResult {
             request_id: request.request_id.clone(),
             user_id: request.user_id.clone(),
@@ -889,9 +900,9 @@ mod tests {
             command: Command::CrawlResult(result),
         };
         StageRecord {
-            id: RecordId { source: "outputs".into(), offset, index: 0 },
+            id,
             at: asked_at.plus_seconds(Config::default().crawl_latency_s),
-            body: RecordBody::Message { message: Message::Agent { user_id: "u1".into(), body } },
+            body: RecordBody::Message { message: Message::Agent { user_id: request.user_id.clone(), body } },
         }
     }
 
@@ -1141,24 +1152,8 @@ mod tests {
         /// after it; each from its own source, so answers may arrive in any order.
         fn answer_to(request: &crate::output::CrawlRequested, asked_at: Timestamp, number: usize) -> StageRecord {
             let busy = crc32fast::hash(request.request_id.as_bytes()).is_multiple_of(3);
-            let result = crate::input::CrawlResult {
-                request_id: request.request_id.clone(),
-                user_id: request.user_id.clone(),
-                card_id: request.card_id.clone(),
-                ok: !busy,
-                error: busy.then_some(crate::input::CrawlError::UpstreamBusy),
-                lines: Vec::new(),
-                next_from: None,
-            };
-            let body = AgentBody::Input {
-                event_id: crate::joined("crawl", ':', &request.request_id),
-                command: Command::CrawlResult(result),
-            };
-            StageRecord {
-                id: RecordId { source: format!("answer-{number}").into(), offset: 0, index: 0 },
-                at: asked_at.plus_seconds(Config::default().crawl_latency_s),
-                body: RecordBody::Message { message: Message::Agent { user_id: request.user_id.clone(), body } },
-            }
+            let id = RecordId { source: format!("answer-{number}").into(), offset: 0, index: 0 };
+            answer_from(id, request, asked_at, busy.then_some(crate::input::CrawlError::UpstreamBusy))
         }
 
         /// Applies the log; each crawl's answer joins the log `delays[n]` records after its place in time
