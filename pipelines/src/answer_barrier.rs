@@ -151,8 +151,8 @@ impl AnswerBarrier {
     }
 
     /// Holds, first of what `user_id` holds, a record whose application a timer stopped: a timer due
-    /// before it asked a crawl whose answer is stamped before it too (see `StagePartition::apply`). It
-    /// was next in the agent's order, so it goes back first.
+    /// before it asked a crawl whose answer is stamped before it too (see
+    /// `StagePartition::apply_for_agent`). It was next in the agent's order, so it goes back first.
     pub fn hold_first(&mut self, user_id: &str, record: StageRecord) {
         debug_assert!(self.blocks(user_id, record.at), "held without an answer to wait for");
         self.waiting_mut(user_id).held.push_front(record);
@@ -160,8 +160,8 @@ impl AnswerBarrier {
     }
 
     /// Whether a timer of `user_id` due at `due`, whose time has passed, must wait: the agent awaits an
-    /// answer stamped at or before it. (A timer not blocked goes before everything the agent holds or defers,
-    /// all of which is blocked, so it fires at once.)
+    /// answer stamped at or before it. (A timer not blocked goes before everything the agent holds or
+    /// defers, all of which is blocked, so it fires at once.)
     pub fn defers_timer(&self, user_id: &str, due: Timestamp) -> bool {
         self.waiting.get(user_id).is_some_and(|waiting| waiting.blocks_timer(due))
     }

@@ -1216,9 +1216,11 @@ mod tests {
                     prop_assert_eq!(barrier.given_up(), 0);
                 }
                 for user_id in AGENTS {
-                    let agent_state = |partition: &StagePartition| serde_json::to_string(agent(partition, user_id)).expect("JSON");
+                    let agent_state =
+                        |partition: &StagePartition| serde_json::to_string(agent(partition, user_id)).expect("JSON");
                     prop_assert_eq!(agent_state(&late), agent_state(&in_time), "{}'s state", user_id);
-                    prop_assert_eq!(agent_outputs(&outputs, user_id), agent_outputs(&expected, user_id), "{}'s outputs", user_id);
+                    let (got, wanted) = (agent_outputs(&outputs, user_id), agent_outputs(&expected, user_id));
+                    prop_assert_eq!(got, wanted, "{}'s outputs", user_id);
                 }
                 let mut all = outputs_text(&outputs);
                 let mut all_expected = outputs_text(&expected);
