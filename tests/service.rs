@@ -635,13 +635,22 @@ fn on_the_system_clock_the_server_stamps_time_and_ticks_fire_timers() {
 /// SPEC §3, R-CHK-1: inputs posted at once, one stamped minutes after a crawl is asked. The agent
 /// partition would apply it before the connector's answer is in its log, fire the crawl's timeout and
 /// ask again; it waits for the answer instead (the answer barrier of the event clock), so the service
-/// ends where replay does, with one crawl.
+/// ends where replay does, with one crawl. Two agents of the same agent partition (`u1` and `u2`; `u3`
+/// asks nothing) each wait for their own answer only, and end where replay does too.
 #[test]
 fn a_later_input_waits_for_the_answer_in_flight() {
     let scenario = [
         json!({"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u1","telegram_bound":false}),
+        json!({"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u2","telegram_bound":false}),
+        json!({"type":"user_registered","at":"2026-03-02T09:00:00Z","user_id":"u3","telegram_bound":false}),
         json!({"type":"card_bound","at":"2026-03-02T09:00:00Z","user_id":"u1","card_id":"k1","provider":"paytm"}),
+        json!({"type":"card_bound","at":"2026-03-02T09:00:00Z","user_id":"u2","card_id":"k2","provider":"paytm"}),
         json!({"type":"card_reauthenticated","at":"2026-03-02T09:00:01Z","user_id":"u1","card_id":"k1"}),
+        json!({"type":"card_reauthenticated","at":"2026-03-02T09:00:30Z","user_id":"u2","card_id":"k2"}),
+        json!({"type":"user_recharge","at":"2026-03-02T09:03:00Z","user_id":"u3","amount":"70.00",
+            "commission":"0.00"}),
+        json!({"type":"user_recharge","at":"2026-03-02T09:04:00Z","user_id":"u2","amount":"300.00",
+            "commission":"0.00"}),
         json!({"type":"user_recharge","at":"2026-03-02T09:05:00Z","user_id":"u1","amount":"500.00",
             "commission":"0.00"}),
     ];
@@ -659,7 +668,7 @@ fn a_later_input_waits_for_the_answer_in_flight() {
     let text: String = scenario.iter().map(|event| format!("{event}\n")).collect();
     let replayed: Value =
         serde_json::from_str(&pipelines::replay::replay_to_json(&text).expect("replays")).expect("JSON");
-    assert_eq!(outputs_of_type(&replayed, "crawl_requested"), 1);
+    assert_eq!(outputs_of_type(&replayed, "crawl_requested"), 2, "one check per reauthenticated card");
     assert_same_state(admin_get(&serve.base, "/v1/admin/snapshot"), replayed);
 }
 
