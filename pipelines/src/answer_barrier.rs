@@ -19,8 +19,8 @@
 //! applied a few records per provider round trip, and bounded the serve benchmark).
 //!
 //! An agent's records and timers are applied, relative to each other, in replay's order, at replay's
-//! times: while the agent waits it keeps its own clock (the latest time applied to it), and what it
-//! holds runs at that clock, not at the partition's, which other agents move on.
+//! times: each agent keeps its own clock (the latest time applied to it), and its records and timers
+//! run at it, not at the partition's, which answers stamped ahead of other agents' records move on.
 //!
 //! Bounded: past [`HELD_RECORDS_MAX`] held records (or [`AWAITED_ANSWERS_MAX`] awaited answers) in the
 //! partition, the earliest awaited answer is given up (counted); its crawl's timeout then fires as it
@@ -51,7 +51,7 @@ pub struct AnswerBarrier {
     awaited: BTreeMap<Text, (Text, Timestamp)>,
     /// The same requests by (answer time, request id): the earliest is given up first past a bound.
     awaited_by_time: BTreeSet<(Timestamp, Text)>,
-    /// Agents with an answer awaited or something held, by user id.
+    /// Agents with an answer awaited, or records held or timers deferred, by user id.
     waiting: BTreeMap<Text, Waiting>,
     /// Each agent's clock: the latest time applied to it. An agent's records and timers run at its own
     /// clock, not the partition's, which answers stamped ahead of other agents' records move on.
@@ -166,7 +166,7 @@ impl AnswerBarrier {
         self.waiting.get(user_id).is_some_and(|waiting| waiting.blocks_timer(due))
     }
 
-    /// Whether `user_id` waits for an answer or holds something.
+    /// Whether `user_id` waits for an answer, or holds records or deferred timers.
     pub fn is_waiting(&self, user_id: &str) -> bool {
         self.waiting.contains_key(user_id)
     }
@@ -259,7 +259,7 @@ impl AnswerBarrier {
         self.awaited.len()
     }
 
-    /// Agents waiting now (with an answer awaited or something held).
+    /// Agents waiting now (with an answer awaited, or records held or timers deferred).
     pub fn agents_waiting(&self) -> usize {
         self.waiting.len()
     }
