@@ -198,24 +198,16 @@ impl AnswerBarrier {
         let waiting = self.waiting.get_mut(user_id)?;
         let timer_due = waiting.timers.first().map(|((due, _), _)| *due);
         let record_at = waiting.held.front().map(|record| record.at);
-        let timer_first = match (timer_due, record_at) {
-            (Some(due), Some(at)) => due < at,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        let blocked = match (timer_first, timer_due, record_at) {
-            (true, Some(due), _) => waiting.blocks_timer(due),
-            (false, _, Some(at)) => waiting.blocks(at),
-            _ => true,
-        };
-        let released = if blocked {
-            None
-        } else if timer_first {
-            let (key, timer) = waiting.timers.remove(0);
-            Some(Released::Timer(key, timer))
-        } else {
-            self.held -= 1;
-            waiting.held.pop_front().map(Released::Record)
+        let released = match (timer_due, record_at) {
+            (Some(due), at) if at.is_none_or(|at| due < at) && !waiting.blocks_timer(due) => {
+                let (key, timer) = waiting.timers.remove(0);
+                Some(Released::Timer(key, timer))
+            }
+            (due, Some(at)) if due.is_none_or(|due| due >= at) && !waiting.blocks(at) => {
+                self.held -= 1;
+                waiting.held.pop_front().map(Released::Record)
+            }
+            _ => None,
         };
         if released.is_none() && waiting.is_idle() {
             self.waiting.remove(user_id);

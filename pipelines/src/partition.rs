@@ -511,16 +511,19 @@ impl StagePartition {
     /// A record for an agent, with the barrier: applied now (an awaited answer always is), or held
     /// behind what the agent waits for; then whatever the agent may apply after it.
     fn admit(&mut self, user_id: &Text, record: StageRecord, produced: &mut Produced) {
-        let Some(barrier) = self.answer_barrier.as_mut() else {
-            debug_assert!(false, "a record admitted without a barrier");
-            let stopped = self.apply_now(record, None, produced);
-            debug_assert!(stopped.is_none(), "only a barrier stops a record");
-            return;
+        let to_apply = match self.answer_barrier.as_mut() {
+            Some(barrier) => {
+                let answer = barrier.take_answer(&record).is_some();
+                if !answer && barrier.must_hold(user_id, record.at) {
+                    barrier.hold(user_id, record);
+                    None
+                } else {
+                    Some(record)
+                }
+            }
+            None => Some(record),
         };
-        let answer = barrier.take_answer(&record).is_some();
-        if !answer && barrier.must_hold(user_id, record.at) {
-            barrier.hold(user_id, record);
-        } else {
+        if let Some(record) = to_apply {
             self.apply_for_agent(user_id, record, produced);
         }
         self.release(user_id, produced);
@@ -616,15 +619,13 @@ impl StagePartition {
             let Some((key, timer)) = self.timers.pop_first() else {
                 break;
             };
-            let Some(barrier) = self.answer_barrier.as_mut() else {
+            // The agent the timer belongs to, where a barrier may defer it.
+            let owner = self.answer_barrier.as_ref().and_then(|_| timer_agent(&timer).cloned());
+            let Some(owner) = owner else {
                 self.fire_timer(key, timer, produced);
                 continue;
             };
-            let Some(owner) = timer_agent(&timer).cloned() else {
-                self.fire_timer(key, timer, produced);
-                continue;
-            };
-            if barrier.defers_timer(&owner, due) {
+            if let Some(barrier) = self.answer_barrier.as_mut().filter(|barrier| barrier.defers_timer(&owner, due)) {
                 barrier.defer_timer(&owner, key, timer);
                 continue;
             }

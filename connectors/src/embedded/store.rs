@@ -581,6 +581,7 @@ impl Store for RedbStore {
         if prepared.journal.is_empty() {
             return Ok(prepared.outcomes); // every input was a duplicate: nothing to write
         }
+        let journal = encode_journal(&prepared.journal)?;
         let transaction = self.database.begin_write().map_err(fatal)?;
         {
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
@@ -595,7 +596,6 @@ impl Store for RedbStore {
             for (log, bytes) in &prepared.records {
                 appender.append(&heads, log, bytes)?;
             }
-            let journal = encode_journal(&prepared.journal)?;
             let mut journal_table = transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?;
             journal_table.insert(prepared.first_position, journal.as_slice()).map_err(fatal)?;
             let next_position = prepared.first_position + prepared.journal.len() as u64;
