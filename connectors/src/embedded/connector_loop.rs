@@ -4,7 +4,7 @@
 //! provider (reads are idempotent) but never appends an answer twice.
 
 use super::{system_now, Embedded};
-use crate::runtime::{appended_logs, encode, lock, stage_log, ClockMode, HandedBatch, OutputRecord, RuntimeError};
+use crate::runtime::{appended_logs, lock, stage_log, ClockMode, HandedBatch, OutputRecord, RuntimeError};
 use crate::runtime::{WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use crate::statement::StatementConnector;
 use pipelines::input::Command;
@@ -148,7 +148,7 @@ async fn ask_batch(
         let Some(result) = result else { continue };
         let at = answer_time(embedded, *requested_at);
         let record = answer_record(*offset, at, request, result);
-        batch.appends.push((stage_log(StageKind::Agent, partition_of(&request.user_id, partitions)), encode(&record)?));
+        batch.append_stage_record(stage_log(StageKind::Agent, partition_of(&request.user_id, partitions)), record)?;
     }
     batch.expected_offsets.push((CONNECTOR_CONSUMER.to_string(), from));
     batch.offsets.push((CONNECTOR_CONSUMER.to_string(), last_offset + 1));
@@ -260,6 +260,7 @@ fn answer_record(
 mod tests {
     use super::*;
     use crate::embedded::EmbeddedConfig;
+    use crate::runtime::encode;
     use crate::statement::StatementConfig;
     use crate::wallet_sim_http::{serve_state, SimClock, WalletSimState};
     use pipelines::output::{CrawlMode, Output};

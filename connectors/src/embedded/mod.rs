@@ -18,7 +18,7 @@ use crate::runtime::{appended_logs, HandedBatch};
 use crate::runtime::{
     apply_batch_from, commit_applied, encode, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
-    PipelineHandle, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
+    PipelineHandle, Records, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
 use pipelines::partition::{route_input, RecordBody, RecordId, Routed, StageKind, StagePartition, StageRecord};
 use pipelines::{Config, Input, Timestamp};
@@ -873,7 +873,7 @@ fn tick(
             at: Timestamp::from_millis(now_ms),
             body: RecordBody::Tick,
         };
-        batch.appends.push((stage_log(kind, index), encode(&record)?));
+        batch.append_stage_record(stage_log(kind, index), record)?;
         sent.push(((kind, index), id));
     }
     if batch.appends.is_empty() {
@@ -929,7 +929,8 @@ impl Inner {
     fn ingested(&self, input: Input, position: u64) -> Result<Ingested, RuntimeError> {
         let (keys, exclusive_keys) = created_keys(&input.command);
         let at_ms = Some(input.at.millis());
-        Ok(Ingested { records: self.records_of(input, position)?, keys, exclusive_keys, at_ms })
+        let (records, stage_records) = self.records_of(input, position)?;
+        Ok(Ingested { records, stage_records, keys, exclusive_keys, at_ms })
     }
 
     /// A reader for one request's (or one call's) lookups; None when the store cannot open one, and
@@ -960,29 +961,36 @@ impl Inner {
         self.ingested_owner_in(reader, "card", card_id).or_else(|| reads::card_owner(self, card_id))
     }
 
-    fn records_of(&self, input: Input, position: u64) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+    /// The stage records an input is appended as, encoded and as made.
+    fn records_of(&self, input: Input, position: u64) -> Result<(Records, Vec<(usize, StageRecord)>), RuntimeError> {
         let id = |index: u32| RecordId { source: INGEST_SOURCE.into(), offset: position, index };
         let at = input.at;
-        match route_input(input) {
+        let made = match route_input(input) {
             Routed::Message(message) => {
                 let (kind, key) = pipelines::partition::destination(&message);
                 let log = stage_log(kind, pipelines::partition::partition_of(key, self.config.partitions));
-                let record = StageRecord { id: id(0), at, body: RecordBody::Message { message } };
-                Ok(vec![(log, encode(&record)?)])
+                vec![(log, StageRecord { id: id(0), at, body: RecordBody::Message { message } })]
             }
             Routed::Broadcast => {
-                let mut records = Vec::with_capacity(self.partitions.len());
-                for (index, &(kind, partition)) in self.partitions.keys().enumerate() {
-                    let record = StageRecord { id: id(index as u32), at, body: RecordBody::Tick };
-                    records.push((stage_log(kind, partition), encode(&record)?));
-                }
-                Ok(records)
+                let ticks = self.partitions.keys().enumerate().map(|(index, &(kind, partition))| {
+                    (stage_log(kind, partition), StageRecord { id: id(index as u32), at, body: RecordBody::Tick })
+                });
+                ticks.collect()
             }
-            Routed::Wallet(command) => Err(RuntimeError::Invalid(format!(
-                "`{}` belongs to the statement provider, not the pipeline",
-                command.type_name()
-            ))),
+            Routed::Wallet(command) => {
+                return Err(RuntimeError::Invalid(format!(
+                    "`{}` belongs to the statement provider, not the pipeline",
+                    command.type_name()
+                )))
+            }
+        };
+        let mut records = Vec::with_capacity(made.len());
+        let mut stage_records = Vec::with_capacity(made.len());
+        for (log, record) in made {
+            records.push((log, encode(&record)?));
+            stage_records.push((records.len() - 1, record));
         }
+        Ok((records, stage_records))
     }
 }
 

@@ -2,7 +2,10 @@
 //! durable (`Durability::Immediate`: fsync before `commit` returns), so a batch's appends and its
 //! consumer offset survive a kill -9 together or not at all.
 
-use crate::runtime::{claim_keys, Appended, IngestEncoder, KeyValueTable, RuntimeError, Store, Submission, WriteBatch};
+use crate::runtime::{
+    claim_keys, Appended, IngestEncoder, KeyValueTable, Records, RuntimeError, Store, Submission, WriteBatch,
+};
+use pipelines::partition::StageRecord;
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
 
@@ -66,6 +69,55 @@ pub struct RedbStore {
     /// Held through each ingestion: what one checks against the index, the next cannot change before
     /// it is committed and merged (two racing requests cannot both take an event id or a card).
     ingesting: std::sync::Mutex<()>,
+    /// Stage records committed by this process and not yet taken by their log's consumer.
+    committed_records: std::sync::Mutex<CommittedRecords>,
+}
+
+/// Committed stage records as their producers made them, by log and offset, until the log's consumer
+/// takes them ([`Store::take_committed_records`]). Why: a processing thread spent more time decoding the
+/// JSON of records this process had just encoded than applying them (≈ 11 % of the service's CPU
+/// samples in the serve benchmark against ≈ 15 % applying, `perf`). The bytes are still what is
+/// durable: a consumer that finds nothing here (after a restart, or behind the bound) reads the log,
+/// and both give the same record (the service's state equals `paisa replay`'s, which never encodes).
+#[derive(Debug, Default)]
+struct CommittedRecords {
+    by_log: std::collections::HashMap<String, std::collections::BTreeMap<u64, StageRecord>>,
+}
+
+/// Records kept per log at most: a consumer further behind reads the rest from the log. Bounds memory
+/// to a few hundred bytes per record kept (a record's ids are inline strings).
+const COMMITTED_RECORDS_PER_LOG_MAX: usize = 8_192;
+
+impl CommittedRecords {
+    fn keep(&mut self, log: &str, offset: u64, record: StageRecord) {
+        let kept = match self.by_log.get_mut(log) {
+            Some(kept) => kept,
+            None => self.by_log.entry(log.to_string()).or_default(),
+        };
+        if kept.len() < COMMITTED_RECORDS_PER_LOG_MAX {
+            kept.insert(offset, record);
+        }
+    }
+
+    /// Takes the records of `log` from `from` on while their offsets follow each other, and forgets the
+    /// ones before `from` (the consumer is past them: it read them from the log).
+    fn take(&mut self, log: &str, from: u64, records_max: usize) -> Vec<(u64, StageRecord)> {
+        let Some(kept) = self.by_log.get_mut(log) else {
+            return Vec::new();
+        };
+        while kept.first_key_value().is_some_and(|(offset, _)| *offset < from) {
+            kept.pop_first();
+        }
+        let mut taken = Vec::new();
+        while taken.len() < records_max
+            && kept.first_key_value().is_some_and(|(offset, _)| *offset == from + taken.len() as u64)
+        {
+            if let Some(entry) = kept.pop_first() {
+                taken.push(entry);
+            }
+        }
+        taken
+    }
 }
 
 /// Every event id ingested, with its ingestion position (SPEC §3: an event id is applied once), and
@@ -101,7 +153,9 @@ struct PreparedIngestion {
     /// Per input of the request, in order.
     outcomes: Vec<Appended>,
     /// (log, record) of its new inputs, in order.
-    records: Vec<(String, Vec<u8>)>,
+    records: Records,
+    /// The stage records among `records`, as made (index in `records`, record).
+    stage_records: Vec<(usize, StageRecord)>,
     /// Its new inputs, in position order.
     journal: Vec<JournalEntry>,
 }
@@ -241,7 +295,13 @@ impl RedbStore {
         }
         transaction.commit().map_err(fatal)?;
         let ingestion = std::sync::RwLock::new(Self::load_ingestion_index(&database)?);
-        Ok(RedbStore { database, group: GroupCommit::default(), ingestion, ingesting: std::sync::Mutex::new(()) })
+        Ok(RedbStore {
+            database,
+            group: GroupCommit::default(),
+            ingestion,
+            ingesting: std::sync::Mutex::new(()),
+            committed_records: std::sync::Mutex::default(),
+        })
     }
 
     /// The ingestion index as the data directory records it: the tables of directories written before
@@ -288,6 +348,7 @@ impl RedbStore {
             first_position: index.next_position,
             outcomes: Vec::with_capacity(event_ids.len()),
             records: Vec::new(),
+            stage_records: Vec::new(),
             journal: Vec::new(),
         };
         let mut new_positions: rustc_hash::FxHashMap<&str, u64> = Default::default();
@@ -299,6 +360,10 @@ impl RedbStore {
             }
             let position = prepared.first_position + prepared.journal.len() as u64;
             let ingested = encode(request_index, position)?;
+            let first_record = prepared.records.len();
+            prepared
+                .stage_records
+                .extend(ingested.stage_records.into_iter().map(|(index, record)| (first_record + index, record)));
             prepared.records.extend(ingested.records);
             // A refusal returns before anything of the request is written.
             let owner_of = |key: &str| index.owners.get(key).map(|owner| owner.as_str());
@@ -343,14 +408,18 @@ impl RedbStore {
 
     /// Writes batches in one transaction, in order: each batch's appends, then its consumer offsets.
     fn write_group(&self, batches: impl Iterator<Item = WriteBatch>) -> Result<(), RuntimeError> {
+        // Kept until the transaction is written: the appender borrows their records.
+        let batches: Vec<WriteBatch> = batches.collect();
+        // The offset of each append, the batches' appends in order.
+        let mut offsets_appended = Vec::with_capacity(batches.iter().map(|batch| batch.appends.len()).sum());
         let transaction = self.database.begin_write().map_err(fatal)?;
         {
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
             let mut offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
             let mut appender = Appender::new(&transaction);
-            for batch in batches {
+            for batch in &batches {
                 for (log, bytes) in &batch.appends {
-                    appender.append(&heads, log, bytes)?;
+                    offsets_appended.push(appender.append(&heads, log, bytes)?);
                 }
                 debug_assert!(
                     batch
@@ -379,7 +448,35 @@ impl RedbStore {
             }
             appender.finish(&mut heads)?;
         }
-        transaction.commit().map_err(fatal)
+        transaction.commit().map_err(fatal)?;
+        self.keep_committed_records(batches, &offsets_appended);
+        Ok(())
+    }
+
+    /// Keeps the batches' stage records, now committed, for their logs' consumers.
+    fn keep_committed_records(&self, batches: Vec<WriteBatch>, offsets_appended: &[u64]) {
+        let mut first_append = 0;
+        for batch in batches {
+            let offsets = offsets_appended.get(first_append..).unwrap_or_default();
+            self.keep_committed(&batch.appends, offsets, batch.stage_records);
+            first_append += batch.appends.len();
+        }
+    }
+
+    /// Keeps committed stage records for their logs' consumers: `stage_records` index `appends`, whose
+    /// offsets are `offsets` (as many or more).
+    fn keep_committed(&self, appends: &Records, offsets: &[u64], stage_records: Vec<(usize, StageRecord)>) {
+        if stage_records.is_empty() {
+            return;
+        }
+        debug_assert!(offsets.len() >= appends.len(), "an offset per append");
+        let mut committed = self.committed_records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (index, record) in stage_records {
+            // Every index names an append (`WriteBatch::append_stage_record`, `Ingested::stage_records`).
+            if let (Some((log, _)), Some(&offset)) = (appends.get(index), offsets.get(index)) {
+                committed.keep(log, offset, record);
+            }
+        }
     }
 
     /// Records appended to each (log, consumer) pair's log and not yet consumed, summed, read in one
@@ -407,58 +504,99 @@ impl RedbStore {
 
 /// Appends within one write transaction: each log's table is opened once, its head kept in memory and
 /// its records gathered into segments; [`Appender::finish`] writes the segments and the new heads.
-struct Appender<'txn> {
+/// The records are borrowed until then: each segment is written once, straight into the page redb
+/// reserves for it (`insert_reserve`), not assembled in a buffer first. Why: a growing buffer per log
+/// and commit took fresh memory at every doubling, which the kernel faulted in and zeroed (≈ 5 % of the
+/// service's CPU samples in the serve benchmark, `perf`), and its bytes were copied twice.
+struct Appender<'txn, 'records> {
     transaction: &'txn redb::WriteTransaction,
-    logs: std::collections::BTreeMap<String, OpenLog<'txn>>,
+    logs: std::collections::BTreeMap<String, OpenLog<'txn, 'records>>,
 }
 
 /// A log being appended to in a write transaction.
-struct OpenLog<'txn> {
+struct OpenLog<'txn, 'records> {
     table: redb::Table<'txn, u64, &'static [u8]>,
     /// The offset the next record gets.
     head: u64,
     /// The offset of the open segment's first record.
     segment_first: u64,
-    /// The open segment (empty: none open).
-    segment: Vec<u8>,
+    /// The open segment's length once written: its tag and each record with its length (0: none open).
+    segment_bytes: usize,
+    /// The open segment's records, in order.
+    segment_records: Vec<&'records [u8]>,
 }
 
-impl OpenLog<'_> {
+impl OpenLog<'_, '_> {
     fn close_segment(&mut self) -> Result<(), RuntimeError> {
-        if !self.segment.is_empty() {
-            self.table.insert(self.segment_first, self.segment.as_slice()).map_err(fatal)?;
-            self.segment.clear();
+        if self.segment_bytes == 0 {
+            return Ok(());
         }
+        let length = u32::try_from(self.segment_bytes)
+            .map_err(|_| fatal(format!("a segment of {} bytes", self.segment_bytes)))?;
+        let mut value = self.table.insert_reserve(self.segment_first, length).map_err(fatal)?;
+        let written = write_segment(value.as_mut(), &self.segment_records);
+        // The length reserved is the length computed while appending: a mismatch would leave bytes
+        // of the page unwritten, which readers would decode as records.
+        if written != self.segment_bytes {
+            return Err(fatal(format!("a segment of {} bytes wrote {written}", self.segment_bytes)));
+        }
+        self.segment_records.clear();
+        self.segment_bytes = 0;
         Ok(())
     }
 }
 
-impl<'txn> Appender<'txn> {
-    fn new(transaction: &'txn redb::WriteTransaction) -> Appender<'txn> {
+/// Writes a segment (its tag, then each record after its length) into `out`; returns the bytes written.
+fn write_segment(out: &mut [u8], records: &[&[u8]]) -> usize {
+    let mut written = 0;
+    let mut put = |bytes: &[u8]| {
+        if let Some(place) = out.get_mut(written..written + bytes.len()) {
+            place.copy_from_slice(bytes);
+        }
+        written += bytes.len();
+    };
+    put(&[SEGMENT_TAG]);
+    for record in records {
+        // Lengths were checked to fit in a u32 when the record was appended.
+        put(&(record.len() as u32).to_le_bytes());
+        put(record);
+    }
+    written
+}
+
+impl<'txn, 'records> Appender<'txn, 'records> {
+    fn new(transaction: &'txn redb::WriteTransaction) -> Appender<'txn, 'records> {
         Appender { transaction, logs: std::collections::BTreeMap::new() }
     }
 
-    fn append(&mut self, heads: &redb::Table<&str, u64>, log: &str, bytes: &[u8]) -> Result<u64, RuntimeError> {
-        let length = u32::try_from(bytes.len()).map_err(|_| fatal(format!("a record of {} bytes", bytes.len())))?;
+    fn append(
+        &mut self,
+        heads: &redb::Table<&str, u64>,
+        log: &str,
+        bytes: &'records [u8],
+    ) -> Result<u64, RuntimeError> {
+        if u32::try_from(bytes.len()).is_err() {
+            return Err(fatal(format!("a record of {} bytes", bytes.len())));
+        }
         if !self.logs.contains_key(log) {
             let name = log_table(log);
             let table = self.transaction.open_table(TableDefinition::<u64, &[u8]>::new(&name)).map_err(fatal)?;
             let head = heads.get(log).map_err(fatal)?.map_or(0, |value| value.value());
-            let open = OpenLog { table, head, segment_first: head, segment: Vec::new() };
+            let open = OpenLog { table, head, segment_first: head, segment_bytes: 0, segment_records: Vec::new() };
             self.logs.insert(log.to_string(), open);
         }
         let Some(open) = self.logs.get_mut(log) else {
             return Err(RuntimeError::Fatal(format!("log {log} was not opened")));
         };
-        if open.segment.len() >= SEGMENT_BYTES_MAX {
+        if open.segment_bytes >= SEGMENT_BYTES_MAX {
             open.close_segment()?;
         }
-        if open.segment.is_empty() {
+        if open.segment_bytes == 0 {
             open.segment_first = open.head;
-            open.segment.push(SEGMENT_TAG);
+            open.segment_bytes = 1;
         }
-        open.segment.extend_from_slice(&length.to_le_bytes());
-        open.segment.extend_from_slice(bytes);
+        open.segment_bytes += 4 + bytes.len();
+        open.segment_records.push(bytes);
         let offset = open.head;
         open.head += 1;
         Ok(offset)
@@ -526,6 +664,11 @@ impl Store for RedbStore {
         Ok(records)
     }
 
+    fn take_committed_records(&self, log: &str, from: u64, records_max: usize) -> Vec<(u64, StageRecord)> {
+        let mut committed = self.committed_records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        committed.take(log, from, records_max)
+    }
+
     fn head(&self, log: &str) -> Result<u64, RuntimeError> {
         self.read_u64(HEADS, log)
     }
@@ -582,6 +725,7 @@ impl Store for RedbStore {
             return Ok(prepared.outcomes); // every input was a duplicate: nothing to write
         }
         let journal = encode_journal(&prepared.journal)?;
+        let mut offsets_appended = Vec::with_capacity(prepared.records.len());
         let transaction = self.database.begin_write().map_err(fatal)?;
         {
             let mut heads = transaction.open_table(HEADS).map_err(fatal)?;
@@ -594,7 +738,7 @@ impl Store for RedbStore {
             }
             let mut appender = Appender::new(&transaction);
             for (log, bytes) in &prepared.records {
-                appender.append(&heads, log, bytes)?;
+                offsets_appended.push(appender.append(&heads, log, bytes)?);
             }
             let mut journal_table = transaction.open_table(INGESTION_JOURNAL).map_err(fatal)?;
             journal_table.insert(prepared.first_position, journal.as_slice()).map_err(fatal)?;
@@ -606,6 +750,8 @@ impl Store for RedbStore {
         transaction.commit().map_err(fatal)?;
         let mut index = self.ingestion.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         index.merge(prepared.first_position, prepared.journal);
+        drop(index);
+        self.keep_committed(&prepared.records, &offsets_appended, prepared.stage_records);
         Ok(prepared.outcomes)
     }
 
@@ -656,6 +802,7 @@ mod tests {
         store.ingest(&[event_id], &mut |_, position| {
             Ok(Ingested {
                 records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                stage_records: Vec::new(),
                 keys: Vec::new(),
                 exclusive_keys: vec![(format!("card:{card}"), user.to_string())],
                 at_ms: None,
@@ -686,6 +833,7 @@ mod tests {
             store.ingest(event_ids, &mut |_, position| {
                 Ok(Ingested {
                     records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    stage_records: Vec::new(),
                     keys: vec![("order:o1".to_string(), merchant.to_string())],
                     exclusive_keys: Vec::new(),
                     at_ms: None,
@@ -722,6 +870,7 @@ mod tests {
             store.ingest(event_ids, &mut |index, position| {
                 Ok(Ingested {
                     records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    stage_records: Vec::new(),
                     keys: vec![(format!("order:o{index}"), merchant.to_string())],
                     exclusive_keys: vec![("card:k1".to_string(), "u1".to_string())],
                     at_ms: None,
@@ -771,6 +920,7 @@ mod tests {
                             let outcome = store.ingest(&refs, &mut |_, position| {
                                 Ok(Ingested {
                                     records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                                    stage_records: Vec::new(),
                                     keys: Vec::new(),
                                     exclusive_keys: vec![(card.clone(), format!("u{thread}"))],
                                     at_ms: None,
@@ -1067,5 +1217,82 @@ mod tests {
         assert!(records_of(&[SEGMENT_TAG, 1, 0]).is_err());
         assert_eq!(records_of(&[SEGMENT_TAG]).expect("empty"), Vec::<&[u8]>::new());
         assert_eq!(records_of(b"{}").expect("one record"), vec![b"{}".as_slice()]);
+    }
+
+    fn stage_record(offset: u64) -> StageRecord {
+        use pipelines::partition::{RecordBody, RecordId};
+        let at = pipelines::Timestamp::from_millis(1_000 + offset as i64);
+        StageRecord { id: RecordId { source: "commands".into(), offset, index: 0 }, at, body: RecordBody::Tick }
+    }
+
+    fn offsets(records: &[(u64, StageRecord)]) -> Vec<u64> {
+        records.iter().map(|(offset, _)| *offset).collect()
+    }
+
+    /// A consumer takes kept records only from its own offset on and while they follow each other, each
+    /// once; records before its offset (it read them from the log) are forgotten; a log keeps at most
+    /// its bound.
+    #[test]
+    fn kept_records_are_taken_from_the_consumers_offset_in_order_once() {
+        let mut kept = CommittedRecords::default();
+        for offset in [3, 4, 5, 6, 8] {
+            kept.keep("agent-0", offset, stage_record(offset));
+        }
+        assert!(kept.take("agent-0", 2, 10).is_empty(), "offset 2 is not kept: the consumer reads the log");
+        assert_eq!(offsets(&kept.take("agent-0", 4, 2)), vec![4, 5], "from its offset, at most 2");
+        assert_eq!(offsets(&kept.take("agent-0", 6, 10)), vec![6], "offset 7 is missing: it stops before");
+        assert!(kept.take("agent-0", 7, 10).is_empty());
+        assert_eq!(offsets(&kept.take("agent-0", 8, 10)), vec![8]);
+        assert!(kept.take("agent-0", 9, 10).is_empty(), "taken once");
+        assert_eq!(kept.by_log.get("agent-0").map(|log| log.len()), Some(0), "offset 3 went with the first take");
+        assert!(kept.take("order-0", 0, 10).is_empty(), "another log keeps nothing");
+        for offset in 0..COMMITTED_RECORDS_PER_LOG_MAX as u64 + 10 {
+            kept.keep("order-0", offset, stage_record(offset));
+        }
+        let taken = kept.take("order-0", 0, usize::MAX);
+        assert_eq!(taken.len(), COMMITTED_RECORDS_PER_LOG_MAX, "the first records, up to the bound");
+        assert_eq!(taken.last().map(|(offset, _)| *offset), Some(COMMITTED_RECORDS_PER_LOG_MAX as u64 - 1));
+    }
+
+    /// What a consumer takes from memory is what the log holds at the same offsets, for records
+    /// committed by a batch and by an ingestion, among appends kept only as bytes.
+    #[test]
+    fn kept_records_are_the_committed_records_at_their_offsets() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let ingested = store
+            .ingest(&["e1"], &mut |_, position| {
+                let record = stage_record(position);
+                let bytes = crate::runtime::encode(&record).expect("encodes");
+                Ok(Ingested {
+                    records: vec![("order-0".to_string(), b"{}".to_vec()), ("agent-0".to_string(), bytes)],
+                    stage_records: vec![(1, record)],
+                    ..Ingested::default()
+                })
+            })
+            .expect("ingested");
+        assert_eq!(ingested, vec![Appended::New { position: 0 }]);
+        let mut batch = WriteBatch::default();
+        batch.appends.push(("agent-0".to_string(), b"{\"not\":\"kept\"}".to_vec()));
+        for offset in [10, 11] {
+            batch.append_stage_record("agent-0".to_string(), stage_record(offset)).expect("appended");
+        }
+        batch.append_stage_record("merchant-0".to_string(), stage_record(12)).expect("appended");
+        store.commit(batch).expect("committed");
+
+        let stored = store.read("agent-0", 0, 10).expect("read");
+        assert_eq!(stored.len(), 4);
+        let encoded = |records: Vec<(u64, StageRecord)>| -> Vec<(u64, Vec<u8>)> {
+            records
+                .into_iter()
+                .map(|(offset, record)| (offset, crate::runtime::encode(&record).expect("encodes")))
+                .collect()
+        };
+        assert_eq!(encoded(store.take_committed_records("agent-0", 0, 10)), stored[..1].to_vec(), "the ingested one");
+        assert!(store.take_committed_records("agent-0", 1, 10).is_empty(), "offset 1 was kept only as bytes");
+        assert_eq!(encoded(store.take_committed_records("agent-0", 2, 10)), stored[2..].to_vec(), "the batch's two");
+        let merchant = store.read("merchant-0", 0, 10).expect("read");
+        assert_eq!(encoded(store.take_committed_records("merchant-0", 0, 10)), merchant);
+        assert!(store.take_committed_records("order-0", 0, 10).is_empty(), "kept only as bytes");
     }
 }

@@ -50,6 +50,7 @@ fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) ->
     store.ingest(&[event_id], &mut |_, position| {
         Ok(Ingested {
             records: vec![("agent-0".to_string(), tick("ingest", position))],
+            stage_records: Vec::new(),
             keys: vec![(format!("order:{event_id}"), "m1".to_string())],
             exclusive_keys: card.map(|(card, user)| (format!("card:{card}"), user.to_string())).into_iter().collect(),
             at_ms: Some(1_000),

@@ -166,6 +166,17 @@ impl<S: Store + ?Sized> IngestionReader for LookupsOneByOne<'_, S> {
 pub trait Store: Send + Sync + 'static {
     /// Records of `log` from offset `from` on, at most `records_max` of them, as (offset, bytes).
     fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError>;
+    /// Committed records of `log` from offset `from` on, contiguous, at most `records_max`, as their
+    /// producers made them ([`WriteBatch::stage_records`]), taken from memory: none where the store
+    /// keeps none from `from` (then [`Store::read`] has them). A log's one consumer takes each once.
+    fn take_committed_records(
+        &self,
+        _log: &str,
+        _from: u64,
+        _records_max: usize,
+    ) -> Vec<(u64, pipelines::partition::StageRecord)> {
+        Vec::new()
+    }
     /// The offset the next record of `log` will get (the number of records ever appended).
     fn head(&self, log: &str) -> Result<u64, RuntimeError>;
     /// The next offset `consumer` has not yet consumed (0 if it never committed).
@@ -305,6 +316,9 @@ pub type KeyOwners = Vec<(String, String)>;
 #[derive(Debug, Default)]
 pub struct Ingested {
     pub records: Records,
+    /// The stage records among `records` as made, as (index in `records`, record): what a store may
+    /// keep for their consumers, as [`WriteBatch::stage_records`].
+    pub stage_records: Vec<(usize, pipelines::partition::StageRecord)>,
     pub keys: KeyOwners,
     /// Keys that belong to one owner forever (a card to its agent, SPEC §4): if one is recorded with
     /// another owner, the whole ingestion fails with [`RuntimeError::Invalid`] and nothing is appended.
@@ -382,6 +396,23 @@ pub struct WriteBatch {
     /// embedded runtime hands the statement connector before the commit, so that it can ask the
     /// provider meanwhile).
     pub crawls: Vec<(pipelines::Timestamp, pipelines::output::CrawlRequested)>,
+    /// Stage records among the appends as the producer made them, as (index in `appends`, record)
+    /// (not stored: their bytes are). A store may hand them to their log's consumer once committed
+    /// ([`Store::take_committed_records`]), which then neither reads nor decodes the bytes.
+    pub stage_records: Vec<(usize, pipelines::partition::StageRecord)>,
+}
+
+impl WriteBatch {
+    /// Appends a stage record to `log`: its bytes, and the record itself for [`WriteBatch::stage_records`].
+    pub fn append_stage_record(
+        &mut self,
+        log: String,
+        record: pipelines::partition::StageRecord,
+    ) -> Result<(), RuntimeError> {
+        self.appends.push((log, encode(&record)?));
+        self.stage_records.push((self.appends.len() - 1, record));
+        Ok(())
+    }
 }
 
 /// A batch handed to [`Store::submit`].
@@ -504,23 +535,26 @@ pub fn apply_batch_from<S: Store + ?Sized>(
         (state.kind(), state.partition())
     };
     let log = stage_log(kind, index);
-    let records = store.read(&log, from, records_max)?;
+    let records = fetch(store, &log, from, records_max)?;
     let Some(&(last_offset, _)) = records.last() else {
         return Ok(0);
     };
+    let consumed = records.len();
     // A log has no gaps, and the batch consumes `from..=last_offset`, each record once: the caller's next
     // offset (`from` plus the records consumed) depends on it.
-    if records.first().map(|(offset, _)| *offset) != Some(from) || last_offset + 1 - from != records.len() as u64 {
+    if records.first().map(|(offset, _)| *offset) != Some(from) || last_offset + 1 - from != consumed as u64 {
         return Err(RuntimeError::Fatal(format!("{log}: the records read from {from} are not contiguous")));
     }
     let mut produced = pipelines::partition::Produced::default();
+    let mut pending = records.into_iter();
     // The write lock is taken per chunk, so that readers of this partition's state (the API) wait for
     // a few records at most, not a whole batch.
-    for chunk in records.chunks(RECORDS_PER_LOCK_MAX) {
-        let decoded: Vec<_> = chunk
-            .iter()
-            .map(|(offset, bytes)| (*offset, serde_json::from_slice::<pipelines::partition::StageRecord>(bytes)))
-            .collect();
+    loop {
+        let decoded: Vec<_> =
+            pending.by_ref().take(RECORDS_PER_LOCK_MAX).map(|(offset, record)| (offset, record.decode())).collect();
+        if decoded.is_empty() {
+            break;
+        }
         let mut state = write_lock(partition);
         for (offset, record) in decoded {
             match record {
@@ -529,7 +563,7 @@ pub fn apply_batch_from<S: Store + ?Sized>(
                     batch.touched.extend(produced.touched.drain(..).map(|key| (kind, key)));
                     encode_produced(&log, offset, &mut produced, partitions, batch)?;
                 }
-                Err(error) => dead_letter(&log, offset, bytes_at(chunk, offset), &error.to_string(), batch),
+                Err((error, bytes)) => dead_letter(&log, offset, &bytes, &error, batch),
             }
         }
     }
@@ -544,7 +578,40 @@ pub fn apply_batch_from<S: Store + ?Sized>(
     }
     batch.expected_offsets.push((log.clone(), from));
     batch.offsets.push((log, last_offset + 1));
-    Ok(records.len())
+    Ok(consumed)
+}
+
+/// A record of a stage log as a batch gets it: as its producer made it, or as stored. Nearly every
+/// record comes made while the service keeps up; boxing it would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Fetched {
+    Made(pipelines::partition::StageRecord),
+    Stored(Vec<u8>),
+}
+
+impl Fetched {
+    /// The record, or why its bytes do not decode, with the bytes (for the dead-letter log).
+    fn decode(self) -> Result<pipelines::partition::StageRecord, (String, Vec<u8>)> {
+        match self {
+            Fetched::Made(record) => Ok(record),
+            Fetched::Stored(bytes) => serde_json::from_slice(&bytes).map_err(|error| (error.to_string(), bytes)),
+        }
+    }
+}
+
+/// Records of `log` from `from` on: those the store still holds as made, else read from the log.
+fn fetch<S: Store + ?Sized>(
+    store: &S,
+    log: &str,
+    from: u64,
+    records_max: usize,
+) -> Result<Vec<(u64, Fetched)>, RuntimeError> {
+    let made = store.take_committed_records(log, from, records_max);
+    if !made.is_empty() {
+        return Ok(made.into_iter().map(|(offset, record)| (offset, Fetched::Made(record))).collect());
+    }
+    let stored = store.read(log, from, records_max)?;
+    Ok(stored.into_iter().map(|(offset, bytes)| (offset, Fetched::Stored(bytes))).collect())
 }
 
 /// Commits batches already applied in memory; returns the logs appended to (whose consumers have work).
@@ -686,7 +753,7 @@ fn encode_produced(
         let (kind, key) = destination(&message);
         let target = stage_log(kind, partition_of(key, partitions));
         let record = StageRecord { id: id(index), at, body: RecordBody::Message { message } };
-        batch.appends.push((target, encode(&record)?));
+        batch.append_stage_record(target, record)?;
     }
     for (index, output) in produced.outputs.drain(..).enumerate() {
         if let pipelines::output::OutputBody::CrawlRequested(request) = &output.body {
@@ -710,10 +777,6 @@ pub struct DeadLetter {
     pub offset: u64,
     pub error: String,
     pub payload_hex: String,
-}
-
-fn bytes_at(chunk: &[(u64, Vec<u8>)], offset: u64) -> &[u8] {
-    chunk.iter().find(|(at, _)| *at == offset).map_or(&[], |(_, bytes)| bytes.as_slice())
 }
 
 fn dead_letter(log: &str, offset: u64, payload: &[u8], error: &str, batch: &mut WriteBatch) {
