@@ -192,9 +192,9 @@ impl Engine {
                     match command {
                         Command::WalletLine(wallet) => provider.add_line(&wallet.card_id, *wallet.line, at),
                         Command::WalletLineStatus(status) => {
-                            provider.set_status(&status.card_id, &status.txn_id, status.status)
+                            provider.set_status(&status.card_id, &status.txn_id, status.status, at)
                         }
-                        Command::WalletFault(fault) => provider.set_fault(&fault.card_id, fault.fault),
+                        Command::WalletFault(fault) => provider.set_fault(&fault.card_id, fault.fault, at),
                         _ => {}
                     }
                 }

@@ -10,6 +10,9 @@ use crate::Text;
 
 /// Wallet lines kept per simulated card; the oldest are dropped beyond it.
 pub const WALLET_LINES_PER_CARD_MAX: usize = 20_000;
+/// Changes kept per simulated card where the provider keeps them ([`WalletSim::keeping_history`]); an
+/// answer as of a time before the oldest kept change shows that change as made.
+pub const WALLET_CHANGES_PER_CARD_MAX: usize = 1_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProviderTimer {
@@ -60,6 +63,63 @@ struct SimCard {
     /// Lines ordered by (time, txn id), one per txn id; the oldest leave from the front beyond the cap.
     lines: TimeOrdered<SimLine>,
     fault: Option<Fault>,
+    /// What changes overwrote, oldest first (kept only by [`WalletSim::keeping_history`]).
+    changes: std::collections::VecDeque<Change>,
+    /// The latest time among `changes` (an answer as of it or later shows the card as it is).
+    latest_change_at: Option<Timestamp>,
+}
+
+/// A change to a card, with what it overwrote, so that the card can be shown as it was before.
+#[derive(Clone, Debug)]
+enum Change {
+    /// `wallet_line` replaced a line of the same txn id.
+    Replaced { at: Timestamp, previous: SimLine },
+    /// `wallet_line_status` changed a line's status.
+    Status { at: Timestamp, txn_id: Text, previous: LineStatus },
+    /// `wallet_fault` changed the card's fault.
+    Fault { at: Timestamp, previous: Option<Fault> },
+}
+
+impl Change {
+    fn at(&self) -> Timestamp {
+        match self {
+            Change::Replaced { at, .. } | Change::Status { at, .. } | Change::Fault { at, .. } => *at,
+        }
+    }
+}
+
+impl SimCard {
+    fn note(&mut self, change: Change) {
+        let at = change.at();
+        self.latest_change_at = Some(self.latest_change_at.map_or(at, |latest| latest.max(at)));
+        self.changes.push_back(change);
+        while self.changes.len() > WALLET_CHANGES_PER_CARD_MAX {
+            self.changes.pop_front();
+        }
+    }
+
+    /// The card as it was at `now`: what changes stamped later overwrote, put back, latest first. None
+    /// when no kept change is later (the card then is the card now).
+    fn as_of(&self, now: Timestamp) -> Option<SimCard> {
+        if self.latest_change_at.is_none_or(|latest| latest <= now) {
+            return None;
+        }
+        let mut past = SimCard { lines: self.lines.clone(), fault: self.fault, ..SimCard::default() };
+        for change in self.changes.iter().rev().filter(|change| change.at() > now) {
+            match change {
+                Change::Replaced { previous, .. } => {
+                    past.lines.insert(previous.clone());
+                }
+                Change::Status { txn_id, previous, .. } => {
+                    if let Some(line) = past.lines.find_mut(txn_id) {
+                        line.listed.status = *previous;
+                    }
+                }
+                Change::Fault { previous, .. } => past.fault = *previous,
+            }
+        }
+        Some(past)
+    }
 }
 
 /// An answer whose page lines are borrowed from the provider (see [`WalletSim::view`]).
@@ -74,6 +134,8 @@ pub enum View<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct WalletSim {
     cards: crate::keyed::KeyedMap<SimCard>,
+    /// Whether each card keeps what its changes overwrote, for [`WalletSim::answer_as_of`].
+    keeps_history: bool,
 }
 
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
@@ -85,10 +147,22 @@ pub enum Answer {
 }
 
 impl WalletSim {
+    /// A provider whose cards keep what status changes, faults and replaced lines overwrote (at most
+    /// [`WALLET_CHANGES_PER_CARD_MAX`] per card), so that [`WalletSim::answer_as_of`] can show a card
+    /// as it was. Why: `paisa wallet-sim` on an event clock may be sent statements ahead of the
+    /// pipeline, and answers each crawl as of its event time. Replay's provider keeps none: it applies
+    /// each event in time order, so its cards are always as of the answer's time.
+    pub fn keeping_history() -> WalletSim {
+        WalletSim { keeps_history: true, ..WalletSim::default() }
+    }
+
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
         let card = self.cards.get_or_insert_with(card_id, SimCard::default);
-        card.lines.insert(SimLine::new(line, at));
+        let replaced = card.lines.insert(SimLine::new(line, at));
+        if let Some(previous) = replaced.filter(|_| self.keeps_history) {
+            card.note(Change::Replaced { at, previous });
+        }
         while card.lines.len() > WALLET_LINES_PER_CARD_MAX {
             card.lines.pop_front();
         }
@@ -99,19 +173,41 @@ impl WalletSim {
         self.cards.prefetch(card_id);
     }
 
-    /// `wallet_line_status`: ignored for an unknown transaction (SPEC §7 edge decisions).
-    pub fn set_status(&mut self, card_id: &str, txn_id: &str, status: LineStatus) {
+    /// `wallet_line_status` at `at`: ignored for an unknown transaction (SPEC §7 edge decisions).
+    pub fn set_status(&mut self, card_id: &str, txn_id: &str, status: LineStatus, at: Timestamp) {
         let Some(card) = self.cards.get_mut(card_id) else {
             return;
         };
-        if let Some(line) = card.lines.find_mut(txn_id) {
-            line.listed.status = status;
+        let Some(line) = card.lines.find_mut(txn_id) else {
+            return;
+        };
+        let previous = std::mem::replace(&mut line.listed.status, status);
+        if self.keeps_history && previous != status {
+            card.note(Change::Status { at, txn_id: txn_id.into(), previous });
         }
     }
 
-    /// `wallet_fault`: lasts until the card's next fault event.
-    pub fn set_fault(&mut self, card_id: &str, fault: Fault) {
-        self.cards.get_or_insert_with(card_id, SimCard::default).fault = (fault != Fault::None).then_some(fault);
+    /// `wallet_fault` at `at`: lasts until the card's next fault event.
+    pub fn set_fault(&mut self, card_id: &str, fault: Fault, at: Timestamp) {
+        let card = self.cards.get_or_insert_with(card_id, SimCard::default);
+        let previous = std::mem::replace(&mut card.fault, (fault != Fault::None).then_some(fault));
+        if self.keeps_history && previous != card.fault {
+            card.note(Change::Fault { at, previous });
+        }
+    }
+
+    /// [`WalletSim::answer`] from the card as it was at `now`: with the status, fault and line versions
+    /// of then, where the provider keeps its history ([`WalletSim::keeping_history`]; otherwise, and
+    /// when nothing changed after `now`, the same as [`WalletSim::answer`]). Changes are undone latest
+    /// first by the order they were made in; a change stamped before a later-undone one but made after
+    /// it on the same line (events posted out of time order) is undone with it.
+    pub fn answer_as_of(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
+        let Some(past) = self.cards.get(&request.card_id).and_then(|card| card.as_of(now)) else {
+            return self.answer(request, now);
+        };
+        let mut then = WalletSim::default();
+        then.cards.insert(request.card_id.clone(), past);
+        then.answer(request, now)
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
@@ -320,7 +416,7 @@ mod tests {
                     }
                     Operation::Status { card, txn, failed } => {
                         let status = if failed { LineStatus::Failed } else { LineStatus::Processing };
-                        sim.set_status(&format!("c{card}"), &format!("t{txn}"), status);
+                        sim.set_status(&format!("c{card}"), &format!("t{txn}"), status, seconds(clock));
                         model.set_status(card, &format!("t{txn}"), status);
                     }
                     Operation::Ask { card, mode, from, limit, txn, lag } => {
@@ -329,6 +425,67 @@ mod tests {
                         prop_assert_eq!(sim.answer(&request, now), model.answer(card, &request, now));
                     }
                 }
+            }
+        }
+    }
+
+    /// A wallet event of the history test: a line (a new one, or a replacement with another amount or
+    /// time), a status change, or a fault (3: none).
+    #[derive(Clone, Debug)]
+    enum Event {
+        Line { card: u8, txn: u8, time: i64, amount: u8 },
+        Status { card: u8, txn: u8, failed: bool },
+        Fault { card: u8, fault: u8 },
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            3 => (0u8..2, 0u8..6, 0i64..30, 1u8..4)
+                .prop_map(|(card, txn, time, amount)| Event::Line { card, txn, time, amount }),
+            2 => (0u8..2, 0u8..6, any::<bool>()).prop_map(|(card, txn, failed)| Event::Status { card, txn, failed }),
+            1 => (0u8..2, 0u8..4).prop_map(|(card, fault)| Event::Fault { card, fault }),
+        ]
+    }
+
+    fn apply(sim: &mut WalletSim, event: &Event, at: Timestamp) {
+        match *event {
+            Event::Line { card, txn, time, amount } => {
+                let line = StatementLine { amount: format!("{amount}.00").into(), ..line(txn, time, true) };
+                sim.add_line(&format!("c{card}"), line, at);
+            }
+            Event::Status { card, txn, failed } => {
+                let status = if failed { LineStatus::Failed } else { LineStatus::Processing };
+                sim.set_status(&format!("c{card}"), &format!("t{txn}"), status, at);
+            }
+            Event::Fault { card, fault } => {
+                let faults = [Fault::SessionExpired, Fault::UpstreamBusy, Fault::DetailUnavailable, Fault::None];
+                sim.set_fault(&format!("c{card}"), faults[usize::from(fault) % faults.len()], at);
+            }
+        }
+    }
+
+    proptest! {
+        /// Events posted in time order, each a second after the one before: a provider keeping its
+        /// history answers as of any time as a provider that was sent only the events stamped by then
+        /// (replay's provider at that time), whatever status changes, faults and replacements came later.
+        #[test]
+        fn answers_as_of_a_time_as_if_later_events_had_not_come(
+            events in proptest::collection::vec(event(), 1..40),
+            asks in proptest::collection::vec((0u8..3, 0u8..4, 0i64..30, 1u32..6, 0u8..6, -1i64..42), 1..20),
+        ) {
+            let at = |index: usize| seconds(index as i64);
+            let mut sim = WalletSim::keeping_history();
+            for (index, event) in events.iter().enumerate() {
+                apply(&mut sim, event, at(index));
+            }
+            for (card, mode, from, limit, txn, now) in asks {
+                let now = seconds(now);
+                let mut then = WalletSim::default();
+                for (index, event) in events.iter().enumerate().filter(|(index, _)| at(*index) <= now) {
+                    apply(&mut then, event, at(index));
+                }
+                let request = request(card, mode, from, limit, txn);
+                prop_assert_eq!(sim.answer_as_of(&request, now), then.answer(&request, now), "as of {}", now);
             }
         }
     }

@@ -90,8 +90,8 @@ fn replay_sim(events: &[Value]) -> (WalletSim, Timestamp) {
         let input = parse_input_object(&mut event.as_object().unwrap().clone(), || "e".to_string()).unwrap();
         match input.command {
             Command::WalletLine(event) => sim.add_line(&event.card_id, *event.line, input.at),
-            Command::WalletLineStatus(event) => sim.set_status(&event.card_id, &event.txn_id, event.status),
-            Command::WalletFault(event) => sim.set_fault(&event.card_id, event.fault),
+            Command::WalletLineStatus(event) => sim.set_status(&event.card_id, &event.txn_id, event.status, input.at),
+            Command::WalletFault(event) => sim.set_fault(&event.card_id, event.fault, input.at),
             other => panic!("not a wallet event: {other:?}"),
         }
         now = now.max(input.at);

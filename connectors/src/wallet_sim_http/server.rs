@@ -69,10 +69,16 @@ struct Inner {
 }
 
 /// The simulated provider and the cards it knows (counted to bound them).
-#[derive(Default)]
 struct Wallets {
+    /// Keeping what changes overwrote: answers as of an earlier time show the card as it was then.
     sim: WalletSim,
     cards: HashSet<String>,
+}
+
+impl Default for Wallets {
+    fn default() -> Wallets {
+        Wallets { sim: WalletSim::keeping_history(), cards: HashSet::new() }
+    }
 }
 
 /// One validated wallet event (SPEC §5).
@@ -165,8 +171,8 @@ impl WalletSimState {
         for (at, event) in events {
             match event {
                 WalletEvent::Line(event) => wallets.sim.add_line(&event.card_id, *event.line, at),
-                WalletEvent::Status(event) => wallets.sim.set_status(&event.card_id, &event.txn_id, event.status),
-                WalletEvent::Fault(event) => wallets.sim.set_fault(&event.card_id, event.fault),
+                WalletEvent::Status(event) => wallets.sim.set_status(&event.card_id, &event.txn_id, event.status, at),
+                WalletEvent::Fault(event) => wallets.sim.set_fault(&event.card_id, event.fault, at),
             }
             // Advanced under the lock, so a reader never sees the clock ahead of the events it covers.
             self.advance_event_clock(at);
@@ -370,7 +376,7 @@ async fn answer(state: &WalletSimState, request: CrawlRequested, as_of: Option<T
     // Before any event on an event clock nothing is visible: the earliest time shows nothing posted.
     let clock = state.now().unwrap_or(Timestamp::from_millis(i64::MIN));
     let now = as_of.map_or(clock, |as_of| as_of.min(clock));
-    let answer = lock(&state.inner.wallets).sim.answer(&request, now);
+    let answer = lock(&state.inner.wallets).sim.answer_as_of(&request, now);
     match answer {
         Answer::Page { lines, next_from } => Json(PageBody { transactions: &lines, next_from }).into_response(),
         Answer::Detail(line) => Json(line).into_response(),

@@ -102,6 +102,43 @@ async fn an_as_of_header_that_is_not_a_time_is_refused_by_name() {
     assert_eq!(server.state.stats().card_requests, 0, "a refused request was answered");
 }
 
+/// Statements posted ahead of the pipeline (event clock): an answer as of an earlier time shows the
+/// line's status, the card's fault and the line's version of then, not the changes posted since.
+#[tokio::test]
+async fn an_answer_as_of_a_time_shows_the_card_as_it_was_then() {
+    let server = start(SimClock::Event).await;
+    let at = |minute: u32| format!("2026-03-02T09:{minute:02}:00Z");
+    let replaced = json!({"type": "wallet_line", "at": at(50), "card_id": "c1", "line": {"txn_id": "t1",
+        "utr": null, "direction": "out", "amount": "12.00", "status": "success", "time": at(30)}});
+    let events = json!([
+        line("c1", "t1", &at(30)),
+        {"type": "wallet_line_status", "at": at(40), "card_id": "c1", "txn_id": "t1", "status": "failed"},
+        {"type": "wallet_fault", "at": at(45), "card_id": "c1", "fault": "upstream_busy"},
+        {"type": "wallet_fault", "at": at(48), "card_id": "c1", "fault": "none"},
+        replaced,
+    ]);
+    assert_eq!(server.post("/sim/v1/events", &events).await.0, 200);
+    let as_of = |minute: u32| {
+        let url = format!("{}/v1/cards/c1/transactions/t1", server.base_url);
+        let request = server.http.get(url).header("paisa-as-of", at(minute));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, line) = as_of(35).await;
+    assert_eq!((status, line["status"].as_str(), line["amount"].as_str()), (200, Some("processing"), Some("10.00")));
+    let (status, line) = as_of(42).await;
+    assert_eq!((status, line["status"].as_str(), line["amount"].as_str()), (200, Some("failed"), Some("10.00")));
+    assert_eq!(as_of(46).await, (503, json!({"error": "upstream_busy"})), "the fault of then");
+    let (status, line) = as_of(49).await;
+    assert_eq!((status, line["status"].as_str(), line["amount"].as_str()), (200, Some("failed"), Some("10.00")));
+    let (status, line) = as_of(55).await;
+    assert_eq!((status, line["status"].as_str(), line["amount"].as_str()), (200, Some("success"), Some("12.00")));
+    let (status, page) = server.get("/v1/cards/c1/transactions").await;
+    assert_eq!((status, page["transactions"][0]["amount"].as_str()), (200, Some("12.00")), "without as-of: now");
+}
+
 #[tokio::test]
 async fn faults_map_to_their_statuses() {
     let server = start(SimClock::Event).await;

@@ -94,9 +94,9 @@ impl Driver {
             Routed::Wallet(command) => match command {
                 Command::WalletLine(wallet) => self.rest.provider.add_line(&wallet.card_id, *wallet.line, at),
                 Command::WalletLineStatus(status) => {
-                    self.rest.provider.set_status(&status.card_id, &status.txn_id, status.status)
+                    self.rest.provider.set_status(&status.card_id, &status.txn_id, status.status, at)
                 }
-                Command::WalletFault(fault) => self.rest.provider.set_fault(&fault.card_id, fault.fault),
+                Command::WalletFault(fault) => self.rest.provider.set_fault(&fault.card_id, fault.fault, at),
                 _ => {}
             },
         }
