@@ -81,22 +81,32 @@ pub struct RedbStore {
 /// and both give the same record (the service's state equals `paisa replay`'s, which never encodes).
 #[derive(Debug, Default)]
 struct CommittedRecords {
-    by_log: std::collections::HashMap<String, std::collections::BTreeMap<u64, StageRecord>>,
+    /// Per log, by offset: the record and its encoded length (what it counts against the bound).
+    by_log: std::collections::HashMap<String, std::collections::BTreeMap<u64, (StageRecord, usize)>>,
+    /// The encoded lengths of the records kept, summed.
+    bytes_kept: usize,
 }
 
-/// Records kept per log at most: a consumer further behind reads the rest from the log. Bounds memory
-/// to a few hundred bytes per record kept (a record's ids are inline strings).
-const COMMITTED_RECORDS_PER_LOG_MAX: usize = 8_192;
+/// The encoded bytes of the records kept, summed over every log, at most: past it a record is not kept,
+/// and its consumer reads it from the log. The encoded length stands for a record's size in memory (a
+/// crawl answer with a page of lines is tens of times a message). 32 MiB holds tens of thousands of
+/// messages, more than the processing threads' batches have in flight, whatever the partition count.
+const COMMITTED_RECORD_BYTES_MAX: usize = 32 << 20;
 
 impl CommittedRecords {
-    fn keep(&mut self, log: &str, offset: u64, record: StageRecord) {
+    fn keep(&mut self, log: &str, offset: u64, record: StageRecord, encoded_bytes: usize) {
+        if self.bytes_kept + encoded_bytes > COMMITTED_RECORD_BYTES_MAX {
+            return;
+        }
         let kept = match self.by_log.get_mut(log) {
             Some(kept) => kept,
             None => self.by_log.entry(log.to_string()).or_default(),
         };
-        if kept.len() < COMMITTED_RECORDS_PER_LOG_MAX {
-            kept.insert(offset, record);
+        if let Some((_, replaced_bytes)) = kept.insert(offset, (record, encoded_bytes)) {
+            // An offset is committed once; counted once all the same.
+            self.bytes_kept -= replaced_bytes;
         }
+        self.bytes_kept += encoded_bytes;
     }
 
     /// Takes the records of `log` from `from` on while their offsets follow each other, and forgets the
@@ -105,17 +115,20 @@ impl CommittedRecords {
         let Some(kept) = self.by_log.get_mut(log) else {
             return Vec::new();
         };
-        while kept.first_key_value().is_some_and(|(offset, _)| *offset < from) {
-            kept.pop_first();
+        let mut bytes_released = 0;
+        while let Some(entry) = kept.first_entry().filter(|entry| *entry.key() < from) {
+            bytes_released += entry.remove().1;
         }
         let mut taken = Vec::new();
-        while taken.len() < records_max
-            && kept.first_key_value().is_some_and(|(offset, _)| *offset == from + taken.len() as u64)
-        {
-            if let Some(entry) = kept.pop_first() {
-                taken.push(entry);
-            }
+        while taken.len() < records_max {
+            let Some(entry) = kept.first_entry().filter(|entry| *entry.key() == from + taken.len() as u64) else {
+                break;
+            };
+            let (offset, (record, encoded_bytes)) = entry.remove_entry();
+            bytes_released += encoded_bytes;
+            taken.push((offset, record));
         }
+        self.bytes_kept -= bytes_released;
         taken
     }
 }
@@ -473,8 +486,8 @@ impl RedbStore {
         let mut committed = self.committed_records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (index, record) in stage_records {
             // Every index names an append (`WriteBatch::append_stage_record`, `Ingested::stage_records`).
-            if let (Some((log, _)), Some(&offset)) = (appends.get(index), offsets.get(index)) {
-                committed.keep(log, offset, record);
+            if let (Some((log, bytes)), Some(&offset)) = (appends.get(index), offsets.get(index)) {
+                committed.keep(log, offset, record, bytes.len());
             }
         }
     }
@@ -1230,28 +1243,37 @@ mod tests {
     }
 
     /// A consumer takes kept records only from its own offset on and while they follow each other, each
-    /// once; records before its offset (it read them from the log) are forgotten; a log keeps at most
-    /// its bound.
+    /// once; records before its offset (it read them from the log) are forgotten; the store keeps at
+    /// most its bound of encoded bytes over all logs, and what is taken or forgotten frees its share.
     #[test]
     fn kept_records_are_taken_from_the_consumers_offset_in_order_once() {
         let mut kept = CommittedRecords::default();
         for offset in [3, 4, 5, 6, 8] {
-            kept.keep("agent-0", offset, stage_record(offset));
+            kept.keep("agent-0", offset, stage_record(offset), 100);
         }
+        assert_eq!(kept.bytes_kept, 500);
         assert!(kept.take("agent-0", 2, 10).is_empty(), "offset 2 is not kept: the consumer reads the log");
         assert_eq!(offsets(&kept.take("agent-0", 4, 2)), vec![4, 5], "from its offset, at most 2");
+        assert_eq!(kept.bytes_kept, 200, "offset 3 was forgotten, 4 and 5 taken");
         assert_eq!(offsets(&kept.take("agent-0", 6, 10)), vec![6], "offset 7 is missing: it stops before");
         assert!(kept.take("agent-0", 7, 10).is_empty());
         assert_eq!(offsets(&kept.take("agent-0", 8, 10)), vec![8]);
         assert!(kept.take("agent-0", 9, 10).is_empty(), "taken once");
-        assert_eq!(kept.by_log.get("agent-0").map(|log| log.len()), Some(0), "offset 3 went with the first take");
+        assert_eq!(kept.bytes_kept, 0);
         assert!(kept.take("order-0", 0, 10).is_empty(), "another log keeps nothing");
-        for offset in 0..COMMITTED_RECORDS_PER_LOG_MAX as u64 + 10 {
-            kept.keep("order-0", offset, stage_record(offset));
+
+        let record_bytes = COMMITTED_RECORD_BYTES_MAX / 4;
+        for offset in 0..6 {
+            kept.keep(if offset % 2 == 0 { "order-0" } else { "order-1" }, offset, stage_record(offset), record_bytes);
         }
-        let taken = kept.take("order-0", 0, usize::MAX);
-        assert_eq!(taken.len(), COMMITTED_RECORDS_PER_LOG_MAX, "the first records, up to the bound");
-        assert_eq!(taken.last().map(|(offset, _)| *offset), Some(COMMITTED_RECORDS_PER_LOG_MAX as u64 - 1));
+        assert_eq!(kept.bytes_kept, COMMITTED_RECORD_BYTES_MAX, "four records fill the bound; two were not kept");
+        assert_eq!(offsets(&kept.take("order-0", 0, 10)), vec![0], "offset 1 is in the other log");
+        assert_eq!(offsets(&kept.take("order-0", 2, 10)), vec![2], "offset 4 came past the bound");
+        kept.keep("order-0", 6, stage_record(6), record_bytes);
+        assert_eq!(offsets(&kept.take("order-1", 1, 10)), vec![1]);
+        assert_eq!(offsets(&kept.take("order-1", 3, 10)), vec![3], "offset 5 came past the bound");
+        assert_eq!(offsets(&kept.take("order-0", 6, 10)), vec![6], "kept once the bound had room");
+        assert_eq!(kept.bytes_kept, 0);
     }
 
     /// What a consumer takes from memory is what the log holds at the same offsets, for records
