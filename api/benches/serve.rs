@@ -10,7 +10,9 @@
 //! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
 //! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PARTITIONS=N` runs it with `N`
 //! partitions per stage (default 2); `BENCH_PAISA=PATH` runs that `paisa` binary instead of this
-//! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`).
+//! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
+//! posts `N` earlier rounds of the same agents, untimed, and waits until they are processed, so that the
+//! timed phase measures a running service (its state and memory already grown) instead of a fresh one.
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
 //! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
@@ -186,10 +188,13 @@ fn main() {
     let rounds = env_usize("BENCH_ROUNDS", 5);
     let readers = env_usize("BENCH_READERS", 4);
     let read_seconds = env_usize("BENCH_READ_SECONDS", 5) as u64;
-    let inputs = pipelines::workload::workload(agents, rounds);
+    let warmup_rounds = env_usize("BENCH_WARMUP_ROUNDS", 0);
+    let inputs = pipelines::workload::workload(agents, warmup_rounds + rounds);
+    // The workload is in time order, round after round: the warm-up is its first rounds' share.
+    let (warmup, timed) = inputs.split_at(inputs.len() * warmup_rounds / (warmup_rounds + rounds).max(1));
     // The last fifth is posted during the read phase, as concurrent write load.
-    let split = inputs.len() * 4 / 5;
-    let (first, rest) = inputs.split_at(split);
+    let split = timed.len() * 4 / 5;
+    let (first, rest) = timed.split_at(split);
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     println!("paisa binary: {}", paisa_binary());
     let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"]);
@@ -213,6 +218,15 @@ fn main() {
     }
     let serve = start(&serve_args);
     let client = http_client();
+    if !warmup.is_empty() {
+        let started = Instant::now();
+        let posted = post_all(&client, &serve.base, &wallet_sim.base, warmup);
+        wait_quiescent(&client, &serve.base);
+        println!(
+            "warm-up: {warmup_rounds} rounds, {posted} events through the API in {:.2} s (untimed)",
+            started.elapsed().as_secs_f64()
+        );
+    }
 
     let cpu_before = cpu_of(&serve, &wallet_sim);
     let started = Instant::now();
