@@ -12,7 +12,9 @@
 //! partitions per stage (default 2); `BENCH_PAISA=PATH` runs that `paisa` binary instead of this
 //! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
 //! posts `N` earlier rounds of the same agents, untimed, and waits until they are processed, so that the
-//! timed phase measures a running service (its state and memory already grown) instead of a fresh one.
+//! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
+//! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
+//! (`inputs.jsonl`, for `paisa replay`) there.
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
 //! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
@@ -305,5 +307,11 @@ fn main() {
         .json()
         .expect("JSON");
     println!("outputs of the service: {:?}", outputs_by_type(snapshot["outputs"].as_array().expect("outputs")));
+    if let Ok(directory) = std::env::var("BENCH_DUMP") {
+        // For comparing decisions with `paisa replay DIRECTORY/inputs.jsonl` (timelines carry rule ids).
+        std::fs::write(format!("{directory}/service.json"), snapshot.to_string()).expect("the document written");
+        let lines: Vec<String> = inputs.iter().map(|input| serde_json::to_string(input).expect("JSON")).collect();
+        std::fs::write(format!("{directory}/inputs.jsonl"), lines.join("\n") + "\n").expect("the inputs written");
+    }
     println!("outputs of paisa replay of the same events: {:?}", replay_outputs(&inputs));
 }
