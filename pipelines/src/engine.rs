@@ -209,6 +209,7 @@ impl Engine {
     fn run(&mut self, now: Timestamp, first: Work) {
         debug_assert!(self.effects.messages.is_empty());
         self.effects.now = now;
+        self.effects.cause_at = now;
         match first {
             Work::Message(message) => self.deliver(message),
             Work::Timer(timer) => self.fire(timer),
@@ -219,6 +220,7 @@ impl Engine {
             processed += 1;
             assert!(processed <= CASCADE_EVENTS_MAX, "livelock: one input caused {CASCADE_EVENTS_MAX} events");
             self.effects.now = now;
+            self.effects.cause_at = now;
             self.deliver(message);
             self.collect_effects(now);
         }

@@ -587,7 +587,7 @@ impl StagePartition {
         let first_output = produced.outputs.len();
         if let RecordBody::Message { message } = record.body {
             debug_assert_eq!(self.owner_of(&message), (self.kind, self.partition), "misrouted record");
-            self.run(Work::Message(message), now, produced);
+            self.run(Work::Message(message), now, at, produced);
         }
         if let Some(barrier) = self.answer_barrier.as_mut() {
             barrier.await_answers(&produced.outputs[first_output..]);
@@ -654,7 +654,7 @@ impl StagePartition {
         };
         self.clock = self.clock.max(due);
         let first_output = produced.outputs.len();
-        self.run(Work::Timer(timer), now, produced);
+        self.run(Work::Timer(timer), now, due, produced);
         if let Some(barrier) = self.answer_barrier.as_mut() {
             barrier.await_answers(&produced.outputs[first_output..]);
         }
@@ -662,7 +662,7 @@ impl StagePartition {
 
     /// Processes one unit of work and what it causes in this partition, FIFO; messages for other
     /// partitions leave through `produced`.
-    fn run(&mut self, first: Work, now: Timestamp, produced: &mut Produced) {
+    fn run(&mut self, first: Work, now: Timestamp, cause_at: Timestamp, produced: &mut Produced) {
         let mut local = std::mem::take(&mut self.local);
         debug_assert!(local.is_empty());
         local.push_back(first);
@@ -671,6 +671,7 @@ impl StagePartition {
             processed += 1;
             assert!(processed <= LOCAL_EVENTS_MAX, "livelock: one record caused {LOCAL_EVENTS_MAX} events");
             self.effects.now = now;
+            self.effects.cause_at = cause_at;
             match work {
                 Work::Message(message) => {
                     produced.touched.push(destination(&message).1.into());
@@ -689,7 +690,7 @@ impl StagePartition {
                 if kind == self.kind && partition_of(key, self.partitions) == self.partition {
                     local.push_back(Work::Message(message));
                 } else {
-                    produced.messages.push((now, message));
+                    produced.messages.push((self.effects.cause_at, message));
                 }
             }
             for (due, timer) in self.effects.timers.drain(..) {
@@ -853,6 +854,46 @@ mod tests {
         };
         partition.apply(accepted, &mut produced);
         assert_eq!(to_agents(&produced), 1, "the waiting dispatch goes to the agent stage");
+    }
+
+    /// A message carries the time of what caused it, not the partition's clock: a partitioned run's
+    /// partition may have applied later records of other keys first, where replay runs every message
+    /// at its input's time (SPEC §3). A command that waited for another stage's answer sends at its own
+    /// time, not the answer's.
+    #[test]
+    fn messages_carry_the_time_of_their_cause_not_the_partitions_clock() {
+        let mut partition = StagePartition::new(StageKind::Order, 0, 1, Config::default());
+        let mut produced = Produced::default();
+        let created = |order_id: &str, at: &str| {
+            format!(
+                r#"{{"type":"collection_created","at":"{at}","order_id":"{order_id}","merchant_id":"m1","amount":"10.00"}}"#
+            )
+        };
+        let dispatched = r#"{"type":"collection_dispatched","at":"2026-03-02T09:00:01Z","order_id":"o1","user_id":"u1","card_id":"k1"}"#;
+        partition.apply(record(&created("o1", "2026-03-02T09:00:00Z"), 0), &mut produced);
+        partition.apply(record(dispatched, 1), &mut produced);
+        partition.apply(record(&created("o2", "2026-03-02T09:05:00Z"), 2), &mut produced);
+        assert_eq!(partition.clock(), Timestamp::parse("2026-03-02T09:05:00Z").expect("a time"));
+        let stamps = |produced: &Produced, to_agent: bool| -> Vec<String> {
+            let wanted = |message: &Message| matches!(message, Message::Agent { .. }) == to_agent;
+            produced.messages.iter().filter(|(_, message)| wanted(message)).map(|(at, _)| at.to_string()).collect()
+        };
+        assert_eq!(stamps(&produced, false), ["2026-03-02T09:00:00Z", "2026-03-02T09:05:00Z"]);
+        produced.clear();
+        // The merchant stage answers o1's creation at the creation's time, after the clock moved on.
+        let accepted = StageRecord {
+            id: RecordId { source: "merchant-0".into(), offset: 0, index: 0 },
+            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
+            body: RecordBody::Message {
+                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
+            },
+        };
+        partition.apply(accepted, &mut produced);
+        assert_eq!(
+            stamps(&produced, true),
+            ["2026-03-02T09:00:01Z"],
+            "the dispatch that waited goes to the agent at its own time: not the clock's 09:05, not the answer's 09:00"
+        );
     }
 
     /// An agent with a card whose re-authentication asks a check at 09:00:01 (R-REAUTH-1).

@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, Hash};
 
 /// The format version this build writes and the only one it reads. Bump it with any change to what a
 /// snapshot contains or how it is encoded.
-pub const SNAPSHOT_VERSION: u32 = 3;
+pub const SNAPSHOT_VERSION: u32 = 4;
 
 /// What every snapshot starts with, followed by its version and a newline.
 pub const SNAPSHOT_MAGIC: &str = "paisa-partition-snapshot v";

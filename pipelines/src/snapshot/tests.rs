@@ -380,7 +380,7 @@ fn bad_bytes_are_errors_not_panics() {
 
     let header = format!("{SNAPSHOT_MAGIC}{SNAPSHOT_VERSION}\n");
     let body = &bytes[header.len()..];
-    for version in ["1", "2", "4", "0", "", "3.0", "99999999999999999999"] {
+    for version in ["1", "2", "3", "5", "0", "", "4.0", "99999999999999999999"] {
         let other = [format!("{SNAPSHOT_MAGIC}{version}\n").as_bytes(), body].concat();
         match StagePartition::restore(&other, config.clone()) {
             Err(SnapshotError::Version { found, expected }) => {

@@ -58,9 +58,10 @@ pub struct MainOrder {
     /// Callbacks sent so far (`callback_id` = `{order_id}:{n}`).
     pub callbacks_sent: u32,
     /// Commands that arrived while the order waited for another stage's answer (its creation, or a
-    /// dispatch), applied in arrival order when the answer comes. In a partitioned run a merchant's
-    /// next command can overtake the creation it depends on; replay never shows this state (SPEC §3).
-    pub waiting: Vec<(Text, Command)>,
+    /// dispatch), applied in arrival order when the answer comes, with the time each was caused at
+    /// (what the messages it sends then carry). In a partitioned run a merchant's next command can
+    /// overtake the creation it depends on; replay never shows this state (SPEC §3).
+    pub waiting: Vec<(Text, Command, Timestamp)>,
 }
 
 /// Commands that may wait for one order at most (more are refused: bounded state).
@@ -88,7 +89,8 @@ impl OrderStage {
                 let waiting = self.orders.remove(order_id).map(|order| order.waiting).unwrap_or_default();
                 effects.reject(&event_id, input_type, rejection);
                 // The order never existed: what waited for it is refused as for an unknown order.
-                for (event_id, command) in waiting {
+                for (event_id, command, caused_at) in waiting {
+                    effects.cause_at = effects.cause_at.max(caused_at);
                     self.on_input(order_id, &event_id, command, effects);
                 }
             }
@@ -137,7 +139,9 @@ impl OrderStage {
     /// Applies, in arrival order, the commands that waited for the answer that just came.
     fn release_waiting(&mut self, order_id: &str, effects: &mut Effects) {
         let waiting = self.orders.get_mut(order_id).map(|order| std::mem::take(&mut order.waiting)).unwrap_or_default();
-        for (event_id, command) in waiting {
+        for (event_id, command, caused_at) in waiting {
+            // What it sends is stamped no earlier than the command itself, whatever answer released it.
+            effects.cause_at = effects.cause_at.max(caused_at);
             self.on_input(order_id, &event_id, command, effects);
         }
     }
@@ -159,7 +163,7 @@ impl OrderStage {
             refuse(effects, event_id, &command, Reason::InvalidTransition, message);
             return None;
         }
-        order.waiting.push((event_id.into(), command));
+        order.waiting.push((event_id.into(), command, effects.cause_at));
         None
     }
 
