@@ -771,6 +771,17 @@ mod tests {
     const RECHARGED: &str =
         r#"{"type":"user_recharge","at":"2026-03-02T09:00:01Z","user_id":"u1","amount":"500.00","commission":"0.00"}"#;
 
+    /// The merchant stage's acceptance of an order's creation, stamped `at`, at `offset` of its log.
+    fn creation_accepted(order_id: &str, at: &str, offset: u64) -> StageRecord {
+        StageRecord {
+            id: RecordId { source: "merchant-0".into(), offset, index: 0 },
+            at: Timestamp::parse(at).expect("a time"),
+            body: RecordBody::Message {
+                message: Message::Order { order_id: order_id.into(), body: OrderBody::CreationAccepted },
+            },
+        }
+    }
+
     #[test]
     fn a_record_delivered_twice_is_applied_once() {
         let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
@@ -810,14 +821,7 @@ mod tests {
         let created = r#"{"type":"collection_created","at":"2026-03-02T09:00:00Z","order_id":"o1","merchant_id":"m1","amount":"10.00","expires_at":"2026-03-02T09:10:00Z"}"#;
         partition.apply(record(created, 0), &mut produced);
         assert!(produced.messages.iter().any(|(_, message)| matches!(message, Message::Merchant { .. })));
-        let accepted = |offset| StageRecord {
-            id: RecordId { source: "merchant-0".into(), offset, index: 0 },
-            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
-            body: RecordBody::Message {
-                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
-            },
-        };
-        partition.apply(accepted(0), &mut produced);
+        partition.apply(creation_accepted("o1", "2026-03-02T09:00:00Z", 0), &mut produced);
         let due = Timestamp::parse("2026-03-02T09:10:00Z").expect("a time");
         assert_eq!(partition.next_timer_due(), Some(due), "R-EXP-1 expiry timer");
         produced.clear();
@@ -845,14 +849,7 @@ mod tests {
         };
         assert_eq!(to_agents(&produced), 0, "nothing is dispatched before the order exists");
         assert!(produced.outputs.is_empty(), "and nothing is refused: {:?}", produced.outputs);
-        let accepted = StageRecord {
-            id: RecordId { source: "merchant-0".into(), offset: 0, index: 0 },
-            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
-            body: RecordBody::Message {
-                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
-            },
-        };
-        partition.apply(accepted, &mut produced);
+        partition.apply(creation_accepted("o1", "2026-03-02T09:00:00Z", 0), &mut produced);
         assert_eq!(to_agents(&produced), 1, "the waiting dispatch goes to the agent stage");
     }
 
@@ -881,14 +878,7 @@ mod tests {
         assert_eq!(stamps(&produced, false), ["2026-03-02T09:00:00Z", "2026-03-02T09:05:00Z"]);
         produced.clear();
         // The merchant stage answers o1's creation at the creation's time, after the clock moved on.
-        let accepted = StageRecord {
-            id: RecordId { source: "merchant-0".into(), offset: 0, index: 0 },
-            at: Timestamp::parse("2026-03-02T09:00:00Z").expect("a time"),
-            body: RecordBody::Message {
-                message: Message::Order { order_id: "o1".into(), body: OrderBody::CreationAccepted },
-            },
-        };
-        partition.apply(accepted, &mut produced);
+        partition.apply(creation_accepted("o1", "2026-03-02T09:00:00Z", 0), &mut produced);
         assert_eq!(
             stamps(&produced, true),
             ["2026-03-02T09:00:01Z"],
