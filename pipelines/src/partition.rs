@@ -264,8 +264,8 @@ pub struct StagePartition {
     high_water: BTreeMap<Text, (u64, u32)>,
     /// Empty between records (drained after every handler); kept in snapshots all the same.
     effects: Effects,
-    /// Empty between records too.
-    local: VecDeque<Work>,
+    /// Empty between records too; each with the time of its cause.
+    local: VecDeque<(Work, Timestamp)>,
     records_applied: u64,
     duplicates_dropped: u64,
     /// An agent partition whose crawls are answered at a known time waits for the answers (see
@@ -665,9 +665,9 @@ impl StagePartition {
     fn run(&mut self, first: Work, now: Timestamp, cause_at: Timestamp, produced: &mut Produced) {
         let mut local = std::mem::take(&mut self.local);
         debug_assert!(local.is_empty());
-        local.push_back(first);
+        local.push_back((first, cause_at));
         let mut processed = 0usize;
-        while let Some(work) = local.pop_front() {
+        while let Some((work, cause_at)) = local.pop_front() {
             processed += 1;
             assert!(processed <= LOCAL_EVENTS_MAX, "livelock: one record caused {LOCAL_EVENTS_MAX} events");
             self.effects.now = now;
@@ -688,7 +688,7 @@ impl StagePartition {
             for message in self.effects.messages.drain(..) {
                 let (kind, key) = destination(&message);
                 if kind == self.kind && partition_of(key, self.partitions) == self.partition {
-                    local.push_back(Work::Message(message));
+                    local.push_back((Work::Message(message), self.effects.cause_at));
                 } else {
                     produced.messages.push((self.effects.cause_at, message));
                 }

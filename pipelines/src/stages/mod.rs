@@ -164,7 +164,8 @@ pub struct Effects {
     /// The event time the messages sent while processing it carry (SPEC §3): the time of the record or
     /// timer that caused them, which a partitioned run's partition clock may be past (it applied later
     /// records of other keys first). A handler that applies a command which waited raises it to the
-    /// command's own time. Replay's engine runs every message at once and never reads it.
+    /// command's own time. Replay's engine runs every message at once, at the time it sets here too,
+    /// and stamps nothing with it.
     pub cause_at: Timestamp,
     pub outputs: Vec<Output>,
     /// Messages to other stages, oldest first (the engine runs them as its FIFO, SPEC §3).
