@@ -131,10 +131,7 @@ impl AnswerBarrier {
     pub fn take_answer(&mut self, record: &StageRecord) -> Option<Text> {
         let request_id = answered_request(record)?;
         let (user_id, answer_at) = self.awaited.remove(request_id)?;
-        self.awaited_by_time.remove(&(answer_at, request_id.clone()));
-        if let Some(waiting) = self.waiting.get_mut(&user_id) {
-            waiting.awaited.remove(&(answer_at, request_id.clone()));
-        }
+        self.forget_awaited(&user_id, answer_at, request_id);
         Some(user_id)
     }
 
@@ -232,11 +229,9 @@ impl AnswerBarrier {
         if self.held <= HELD_RECORDS_MAX && self.awaited.len() <= AWAITED_ANSWERS_MAX {
             return None;
         }
-        let (answer_at, request_id) = self.awaited_by_time.pop_first()?;
-        let (user_id, _) = self.awaited.remove(&request_id)?;
-        if let Some(waiting) = self.waiting.get_mut(&user_id) {
-            waiting.awaited.remove(&(answer_at, request_id));
-        }
+        let (_, request_id) = self.awaited_by_time.first()?.clone();
+        let (user_id, answer_at) = self.awaited.remove(&request_id)?;
+        self.forget_awaited(&user_id, answer_at, &request_id);
         self.given_up += 1;
         Some(user_id)
     }
@@ -272,6 +267,7 @@ impl AnswerBarrier {
         self.waiting.entry(Text::from(user_id)).or_default()
     }
 
+    /// Removes an awaited answer, already taken out of `awaited`, from its indexes by time and by agent.
     fn forget_awaited(&mut self, user_id: &str, answer_at: Timestamp, request_id: &Text) {
         self.awaited_by_time.remove(&(answer_at, request_id.clone()));
         if let Some(waiting) = self.waiting.get_mut(user_id) {

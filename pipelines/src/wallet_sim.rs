@@ -205,63 +205,72 @@ impl WalletSim {
         let Some(past) = self.cards.get(&request.card_id).and_then(|card| card.as_of(now)) else {
             return self.answer(request, now);
         };
-        let mut then = WalletSim::default();
-        then.cards.insert(request.card_id.clone(), past);
-        then.answer(request, now)
+        card_view(Some(&past), request, now).into()
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
     pub fn answer(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
-        match self.view(request, now) {
-            View::Page { lines, next_from } => Answer::Page { lines: lines.into_iter().cloned().collect(), next_from },
-            View::Detail(line) => Answer::Detail(line),
-            View::Error(error) => Answer::Error(error),
-        }
+        self.view(request, now).into()
     }
 
     /// The answer to `request` at time `now`, its page lines borrowed from the provider: replay reads
     /// them in place and copies only the lines the agent's bill table does not hold yet.
     pub fn view(&self, request: &CrawlRequested, now: Timestamp) -> View<'_> {
-        let card = self.cards.get(&request.card_id);
-        match card.and_then(|card| card.fault) {
-            Some(Fault::SessionExpired) => return View::Error(CrawlError::SessionExpired),
-            Some(Fault::UpstreamBusy) => return View::Error(CrawlError::UpstreamBusy),
-            Some(Fault::DetailUnavailable) if request.mode == CrawlMode::Detail => {
-                return View::Error(CrawlError::DetailUnavailable)
-            }
-            _ => {}
-        }
-        let Some(card) = card else {
-            return match request.mode {
-                CrawlMode::Detail => View::Error(CrawlError::DetailUnavailable),
-                _ => View::Page { lines: Vec::new(), next_from: None },
-            };
-        };
-        if request.mode == CrawlMode::Detail {
-            let txn_id = request.txn_id.as_deref().unwrap_or_default();
-            return match card.lines.find(txn_id) {
-                Some(line) if line.visible_at(now) => View::Detail(line.full()),
-                _ => View::Error(CrawlError::DetailUnavailable),
-            };
-        }
-        let limit = request.limit.unwrap_or(50) as usize;
-        let visible = |line: &&SimLine| line.visible_at(now);
-        // List answers do not show the payee's IFSC (only detail answers do, SPEC §5).
-        let lines: Vec<&StatementLine> = match request.order {
-            Some(PageOrder::Asc) => {
-                let from = request.from.unwrap_or_default();
-                let start = card.lines.first_at_or_after(from);
-                card.lines.range_from(start).filter(visible).take(limit).map(|line| &line.listed).collect()
-            }
-            _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed).collect(),
-        };
-        let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
-        View::Page { lines, next_from }
+        card_view(self.cards.get(&request.card_id), request, now)
     }
 
     /// The `crawl_result` input carrying the answer.
     pub fn result(&self, request: &CrawlRequested, now: Timestamp) -> CrawlResult {
         self.answer(request, now).into_result(request)
+    }
+}
+
+/// The answer to `request` at time `now` from `card` (None: a card the provider does not know), its page
+/// lines borrowed from the card.
+fn card_view<'a>(card: Option<&'a SimCard>, request: &CrawlRequested, now: Timestamp) -> View<'a> {
+    match card.and_then(|card| card.fault) {
+        Some(Fault::SessionExpired) => return View::Error(CrawlError::SessionExpired),
+        Some(Fault::UpstreamBusy) => return View::Error(CrawlError::UpstreamBusy),
+        Some(Fault::DetailUnavailable) if request.mode == CrawlMode::Detail => {
+            return View::Error(CrawlError::DetailUnavailable)
+        }
+        _ => {}
+    }
+    let Some(card) = card else {
+        return match request.mode {
+            CrawlMode::Detail => View::Error(CrawlError::DetailUnavailable),
+            _ => View::Page { lines: Vec::new(), next_from: None },
+        };
+    };
+    if request.mode == CrawlMode::Detail {
+        let txn_id = request.txn_id.as_deref().unwrap_or_default();
+        return match card.lines.find(txn_id) {
+            Some(line) if line.visible_at(now) => View::Detail(line.full()),
+            _ => View::Error(CrawlError::DetailUnavailable),
+        };
+    }
+    let limit = request.limit.unwrap_or(50) as usize;
+    let visible = |line: &&SimLine| line.visible_at(now);
+    // List answers do not show the payee's IFSC (only detail answers do, SPEC §5).
+    let lines: Vec<&StatementLine> = match request.order {
+        Some(PageOrder::Asc) => {
+            let from = request.from.unwrap_or_default();
+            let start = card.lines.first_at_or_after(from);
+            card.lines.range_from(start).filter(visible).take(limit).map(|line| &line.listed).collect()
+        }
+        _ => card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed).collect(),
+    };
+    let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
+    View::Page { lines, next_from }
+}
+
+impl From<View<'_>> for Answer {
+    fn from(view: View<'_>) -> Answer {
+        match view {
+            View::Page { lines, next_from } => Answer::Page { lines: lines.into_iter().cloned().collect(), next_from },
+            View::Detail(line) => Answer::Detail(line),
+            View::Error(error) => Answer::Error(error),
+        }
     }
 }
 

@@ -89,10 +89,7 @@ impl OrderStage {
                 let waiting = self.orders.remove(order_id).map(|order| order.waiting).unwrap_or_default();
                 effects.reject(&event_id, input_type, rejection);
                 // The order never existed: what waited for it is refused as for an unknown order.
-                for (event_id, command, caused_at) in waiting {
-                    effects.cause_at = effects.cause_at.max(caused_at);
-                    self.on_input(order_id, &event_id, command, effects);
-                }
+                self.apply_waiting(order_id, waiting, effects);
             }
             OrderBody::DispatchAccepted { seq, user_id, card_id } => {
                 if let Some(order) = self.orders.get_mut(order_id) {
@@ -139,6 +136,11 @@ impl OrderStage {
     /// Applies, in arrival order, the commands that waited for the answer that just came.
     fn release_waiting(&mut self, order_id: &str, effects: &mut Effects) {
         let waiting = self.orders.get_mut(order_id).map(|order| std::mem::take(&mut order.waiting)).unwrap_or_default();
+        self.apply_waiting(order_id, waiting, effects);
+    }
+
+    /// Applies commands that waited, in arrival order.
+    fn apply_waiting(&mut self, order_id: &str, waiting: Vec<(Text, Command, Timestamp)>, effects: &mut Effects) {
         for (event_id, command, caused_at) in waiting {
             // What it sends is stamped no earlier than the command itself, whatever answer released it.
             effects.cause_at = effects.cause_at.max(caused_at);
