@@ -37,6 +37,8 @@ fn start(args: &[&str]) -> Process {
         .args(args)
         .env("PAISA_ADMIN_KEY", ADMIN_KEY)
         .env("RUST_LOG", "warn")
+        // The services' own default for transparent huge pages, whatever the test runner's environment.
+        .env_remove("MIMALLOC_ALLOW_THP")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -552,6 +554,26 @@ fn a_restart_with_nothing_in_flight_changes_nothing() {
     let serve = start_serve_with(data_dir.path(), &args);
     wait_quiescent(&serve.base);
     assert_eq!(admin_get(&serve.base, "/v1/admin/snapshot"), before, "the restart changed the state");
+}
+
+/// The `THP_enabled` line of a process's status (Linux 5.0 and later).
+fn huge_pages_enabled(process: &Process) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.child.id())).expect("the status");
+    let line = status.lines().find(|line| line.starts_with("THP_enabled:")).expect("a THP_enabled line");
+    line.trim_start_matches("THP_enabled:").trim().to_string()
+}
+
+#[test]
+fn the_services_run_without_transparent_huge_pages() {
+    // docs/DECISIONS.md, "Services run without transparent huge pages". This test process keeps them
+    // (the flag is per process), so a service showing 0 turned them off itself.
+    let test_process = std::fs::read_to_string("/proc/self/status").expect("the status");
+    assert!(test_process.contains("THP_enabled:\t1"), "the test process itself has huge pages off");
+    let wallet_sim = start_wallet_sim();
+    let data_dir = tempfile::tempdir().expect("a temporary directory");
+    let serve = start_serve(data_dir.path(), &wallet_sim.base);
+    assert_eq!(huge_pages_enabled(&wallet_sim), "0", "paisa wallet-sim");
+    assert_eq!(huge_pages_enabled(&serve), "0", "paisa serve");
 }
 
 #[test]

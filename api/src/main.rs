@@ -130,10 +130,12 @@ fn main() -> ExitCode {
         },
         Commands::Serve(options) => {
             install_tracing();
+            disable_transparent_huge_pages();
             exit_on_error("paisa serve", run_async(serve(options)))
         }
         Commands::WalletSim { listen, clock } => {
             install_tracing();
+            disable_transparent_huge_pages();
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
         Commands::Reprocess {
@@ -262,6 +264,32 @@ fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {
 
 fn run_async<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?.block_on(future)
+}
+
+/// mimalloc's variable that, when set, decides transparent huge pages instead of the services' default.
+const ALLOW_HUGE_PAGES_VARIABLE: &str = "MIMALLOC_ALLOW_THP";
+
+/// A long-running service (`serve`, `wallet-sim`) runs without transparent huge pages, unless
+/// `MIMALLOC_ALLOW_THP` says otherwise (mimalloc then decides as it reads it).
+///
+/// Why: mimalloc asks the kernel for huge pages on its arenas, so the first touch of any byte of a
+/// 2 MiB range faults in and zeroes all of it. A service's heap is many threads' small pages spread over
+/// those ranges, so it touches more memory than it uses: in the serve benchmark, 347 MB resident
+/// against 240 MB with 4 KiB pages, and in a slow run zeroing fresh huge pages took ≈ 15 % of the
+/// service's CPU (`docs/DECISIONS.md`, "Services run without transparent huge pages"). `paisa replay`
+/// keeps them: one thread reading a gigabyte of state at random, where they spare TLB misses.
+///
+/// `prctl(PR_SET_THP_DISABLE)` rather than mimalloc's option: mimalloc maps its first arena before
+/// `main`, and the process-wide flag covers every mapping, earlier ones included.
+fn disable_transparent_huge_pages() {
+    if std::env::var_os(ALLOW_HUGE_PAGES_VARIABLE).is_some() {
+        return;
+    }
+    // SAFETY: integer arguments only; the call changes this process's memory policy, nothing in it.
+    let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "could not turn transparent huge pages off");
+    }
 }
 
 /// Structured logs on stderr (JSON), filtered by `RUST_LOG` (default `info`).

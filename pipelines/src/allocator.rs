@@ -37,9 +37,11 @@ const PURGE_DELAY_VARIABLE: &str = "MIMALLOC_PURGE_DELAY";
 /// (measured on the engine benchmark's workload: `docs/DECISIONS.md`, "The allocator keeps what it maps").
 ///
 /// Transparent huge pages are left to mimalloc's default (on): `MIMALLOC_ALLOW_THP=0` turns them off,
-/// and only the environment can, because mimalloc reads that option when it maps its first arena,
-/// before `main`. `MIMALLOC_PURGE_DELAY` in the environment (milliseconds) overrides the no-purge
-/// setting. Call at start-up, before other threads exist.
+/// and mimalloc's option can only come from the environment, because mimalloc reads it when it maps its
+/// first arena, before `main` (the `paisa` services turn huge pages off for the whole process with
+/// `prctl` instead: `docs/DECISIONS.md`, "Services run without transparent huge pages").
+/// `MIMALLOC_PURGE_DELAY` in the environment (milliseconds) overrides the no-purge setting. Call at
+/// start-up, before other threads exist.
 pub fn configure() {
     if std::env::var_os(PURGE_DELAY_VARIABLE).is_none() {
         set_purge_delay_ms(None);
