@@ -10,6 +10,12 @@
 //! the stored bits without reading an id. A replay prefetches the next input's slot while it applies
 //! the current input.
 //!
+//! Numbered ids (`{prefix}:{n}`, what scenario files default to, `line:N`, and what a log's positions
+//! give) are remembered as one bit per number instead, under their prefix: a replay of a million such ids
+//! touches a 128 KiB bitmap, not a table of megabytes. Ids of any other form (the API's random ones)
+//! use the table. Measured on the engine benchmark (its ids are `w:N`): see `docs/DECISIONS.md`,
+//! "Numbered event ids are remembered as bits".
+//!
 //! Exact and deterministic: the answers are those of a set of strings.
 
 use crate::Text;
@@ -21,6 +27,12 @@ const IDS_PER_CHUNK: usize = 1 << 16;
 pub const SEEN_IDS_MAX: usize = u32::MAX as usize - 1;
 /// Slots of the first table (a power of two).
 const SLOTS_MIN: usize = 1 << 10;
+/// Prefixes whose numbered ids are kept as bits; ids under further prefixes go to the table.
+const NUMBERED_PREFIXES_MAX: usize = 4;
+/// Numbers a prefix's bits cover (32 MiB of bits at most per prefix); larger ones go to the table.
+const NUMBERS_PER_PREFIX_MAX: u64 = 1 << 28;
+/// Digits of the largest number kept as a bit (`NUMBERS_PER_PREFIX_MAX` has 9).
+const NUMBER_DIGITS_MAX: usize = 9;
 
 /// Every event id seen so far.
 ///
@@ -32,29 +44,42 @@ const SLOTS_MIN: usize = 1 << 10;
 #[derive(Clone, Debug)]
 pub struct SeenIds {
     slots: Vec<u64>,
-    /// Occupied slots (= ids stored).
+    /// Occupied slots (= ids stored in the table).
     len: usize,
-    /// Every id, in arrival order.
+    /// Every id in the table, in arrival order.
     ids: Vec<Vec<Text>>,
+    /// Numbered ids, as bits by prefix.
+    numbered: NumberedIds,
 }
 
 impl Default for SeenIds {
     fn default() -> Self {
-        SeenIds { slots: vec![0; SLOTS_MIN], len: 0, ids: Vec::new() }
+        SeenIds { slots: vec![0; SLOTS_MIN], len: 0, ids: Vec::new(), numbered: NumberedIds::default() }
     }
 }
 
 impl SeenIds {
     pub fn len(&self) -> usize {
-        self.len
+        self.len + self.numbered.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Remembers `id`; true if it was not seen before.
     pub fn insert(&mut self, id: &str) -> bool {
+        if let Some((prefix, number)) = split_numbered(id) {
+            if let Some(run) = self.numbered.run_to_insert(prefix) {
+                let new = run.insert(number);
+                self.numbered.len += usize::from(new);
+                return new;
+            }
+        }
+        self.insert_in_table(id)
+    }
+
+    fn insert_in_table(&mut self, id: &str) -> bool {
         let hash = hash32(id);
         let slot = match self.probe(id, hash) {
             Probe::Found => return false,
@@ -81,13 +106,27 @@ impl SeenIds {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        matches!(self.probe(id, hash32(id)), Probe::Found)
+        match self.numbered_run(id) {
+            Some((run, number)) => run.contains(number),
+            None => matches!(self.probe(id, hash32(id)), Probe::Found),
+        }
     }
 
     /// Asks the CPU to bring the cache line where `id`'s probe starts (no effect on the answers).
     pub fn prefetch(&self, id: &str) {
-        let home = self.home(hash32(id));
-        crate::prefetch::value(&self.slots[home]);
+        match self.numbered_run(id) {
+            Some((run, number)) => run.prefetch(number),
+            None => crate::prefetch::value(&self.slots[self.home(hash32(id))]),
+        }
+    }
+
+    /// The bits `id` is kept in, and its number, when it is a numbered id under a kept prefix. An id
+    /// under a prefix that is not kept was never put in bits: prefixes are kept from their first
+    /// numbered id on, or never (once [`NUMBERED_PREFIXES_MAX`] are kept).
+    fn numbered_run(&self, id: &str) -> Option<(&NumberBits, u64)> {
+        let (prefix, number) = split_numbered(id)?;
+        let run = self.numbered.runs.iter().find(|(kept, _)| kept.as_str() == prefix)?;
+        Some((&run.1, number))
     }
 
     /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
@@ -140,6 +179,80 @@ enum Probe {
     Empty(usize),
 }
 
+/// Numbered ids by prefix, one bit per number.
+#[derive(Clone, Debug, Default)]
+struct NumberedIds {
+    /// (prefix through its `:`, the bits of its numbers), at most [`NUMBERED_PREFIXES_MAX`].
+    runs: Vec<(Text, NumberBits)>,
+    /// Bits set, over every prefix.
+    len: usize,
+}
+
+impl NumberedIds {
+    /// The bits of `prefix`, kept from now on if it is new and there is room for it.
+    fn run_to_insert(&mut self, prefix: &str) -> Option<&mut NumberBits> {
+        let index = match self.runs.iter().position(|(kept, _)| kept.as_str() == prefix) {
+            Some(index) => index,
+            None if self.runs.len() < NUMBERED_PREFIXES_MAX => {
+                self.runs.push((Text::from(prefix), NumberBits::default()));
+                self.runs.len() - 1
+            }
+            None => return None,
+        };
+        Some(&mut self.runs[index].1)
+    }
+}
+
+/// A set of numbers below [`NUMBERS_PER_PREFIX_MAX`], one bit each, growing with the largest.
+#[derive(Clone, Debug, Default)]
+struct NumberBits {
+    words: Vec<u64>,
+}
+
+impl NumberBits {
+    /// Sets `number`'s bit; true if it was not set.
+    fn insert(&mut self, number: u64) -> bool {
+        assert!(number < NUMBERS_PER_PREFIX_MAX, "number {number} beyond the bits");
+        let (word, bit) = ((number / 64) as usize, number % 64);
+        if word >= self.words.len() {
+            // Doubling: a run of increasing numbers grows the bits a logarithmic number of times.
+            self.words.resize((word + 1).max(self.words.len() * 2), 0);
+        }
+        let new = self.words[word] & (1 << bit) == 0;
+        self.words[word] |= 1 << bit;
+        new
+    }
+
+    fn contains(&self, number: u64) -> bool {
+        let (word, bit) = ((number / 64) as usize, number % 64);
+        self.words.get(word).is_some_and(|bits| bits & (1 << bit) != 0)
+    }
+
+    fn prefetch(&self, number: u64) {
+        if let Some(word) = self.words.get((number / 64) as usize) {
+            crate::prefetch::value(word);
+        }
+    }
+}
+
+/// `id` as (its prefix through the last `:`, its number) when what follows that `:` is a number
+/// written in one way only (decimal digits, no leading zero but in `0` itself: `line:07` is another
+/// id than `line:7`) below [`NUMBERS_PER_PREFIX_MAX`].
+fn split_numbered(id: &str) -> Option<(&str, u64)> {
+    let colon = id.rfind(':')?;
+    let digits = &id.as_bytes()[colon + 1..];
+    let canonical = match digits {
+        [] => false,
+        [b'0'] => true,
+        [first, ..] => *first != b'0' && digits.len() <= NUMBER_DIGITS_MAX,
+    };
+    if !canonical || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let number = digits.iter().fold(0u64, |number, digit| number * 10 + u64::from(digit - b'0'));
+    (number < NUMBERS_PER_PREFIX_MAX).then_some((&id[..=colon], number))
+}
+
 /// A slot's value: never 0, the mark of an empty slot.
 fn pack(hash: u32, position: usize) -> u64 {
     (u64::from(hash) << 32) | (position as u64 + 1)
@@ -175,7 +288,10 @@ mod tests {
     proptest! {
         /// Answers as a hash set of the same ids.
         #[test]
-        fn answers_as_a_set(ids in proptest::collection::vec("[a-c]{0,3}|[0-9]{1,4}|[a-z:]{20,30}", 1..800)) {
+        fn answers_as_a_set(ids in proptest::collection::vec(
+            "[a-c]{0,3}|[0-9]{1,4}|[a-z:]{20,30}|[a-f]{0,2}:(0|[1-9][0-9]{0,2}|0[0-9]{1,2}|[1-9][0-9]{8,9}|-1|\\+1)?",
+            1..800,
+        )) {
             let mut seen = SeenIds::default();
             let mut model = std::collections::HashSet::new();
             for id in &ids {
@@ -190,12 +306,40 @@ mod tests {
         }
     }
 
+    /// Numbered ids under at most four prefixes are bits, the others (a fifth prefix, a number written
+    /// in another way or too large) go to the table; each is found, once, wherever it is.
+    #[test]
+    fn numbered_ids_are_bits_under_the_first_prefixes() {
+        let mut seen = SeenIds::default();
+        let numbered: Vec<String> = (0..100_000u32)
+            .map(|number| format!("{}:{number}", ["w", "line", "a:b", "x"][number as usize % 4]))
+            .collect();
+        let others = ["v:1", "w:01", "w:-1", "w:", "w", "w:268435456", "line:1x", "line:١"];
+        for id in &numbered {
+            seen.prefetch(id);
+            assert!(seen.insert(id), "{id} is new");
+        }
+        for id in others {
+            assert!(!seen.contains(id), "{id} was never inserted");
+            assert!(seen.insert(id), "{id} is new");
+        }
+        assert_eq!(seen.numbered.runs.len(), NUMBERED_PREFIXES_MAX);
+        assert_eq!((seen.numbered.len, seen.len), (numbered.len(), others.len()), "bits, table");
+        for id in numbered.iter().map(String::as_str).chain(others) {
+            seen.prefetch(id);
+            assert!(seen.contains(id) && !seen.insert(id), "{id} is a repeat");
+        }
+        assert_eq!(seen.len(), numbered.len() + others.len());
+        assert!(!seen.contains("w:100000") && !seen.contains("x:4"), "numbers never inserted");
+    }
+
     /// Across many doublings of the table every id stays found, a repeat is refused, and a prefetch
     /// (of a stored id or a new one) changes no answer.
     #[test]
     fn growing_keeps_every_id() {
         let mut seen = SeenIds::default();
-        let ids: Vec<String> = (0..100_000u32).map(|number| format!("event:{number}")).collect();
+        // Not numbered (`event:N` would be bits): these go to the table.
+        let ids: Vec<String> = (0..100_000u32).map(|number| format!("event-{number}")).collect();
         for id in &ids {
             seen.prefetch(id);
             assert!(seen.insert(id), "{id} is new");
@@ -207,7 +351,7 @@ mod tests {
             assert!(!seen.insert(id), "{id} is a repeat");
         }
         assert_eq!(seen.len(), ids.len());
-        assert!(!seen.contains("event:100000"));
+        assert!(!seen.contains("event-100000"));
     }
 
     /// Ids whose 32 hash bits collide are still told apart by the stored id.
