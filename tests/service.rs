@@ -568,7 +568,11 @@ fn the_services_run_without_transparent_huge_pages() {
     // docs/DECISIONS.md, "Services run without transparent huge pages". This test process keeps them
     // (the flag is per process), so a service showing 0 turned them off itself.
     let test_process = std::fs::read_to_string("/proc/self/status").expect("the status");
-    assert!(test_process.contains("THP_enabled:\t1"), "the test process itself has huge pages off");
+    assert!(
+        test_process.contains("THP_enabled:\t1"),
+        "this test process has THP_enabled 0 (a kernel without transparent huge pages, or a parent that \
+         turned them off), so it cannot tell whether the services turn them off"
+    );
     let wallet_sim = start_wallet_sim();
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     let serve = start_serve(data_dir.path(), &wallet_sim.base);
