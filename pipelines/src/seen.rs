@@ -215,8 +215,10 @@ impl NumberBits {
         assert!(number < NUMBERS_PER_PREFIX_MAX, "number {number} beyond the bits");
         let (word, bit) = ((number / 64) as usize, number % 64);
         if word >= self.words.len() {
-            // Doubling: a run of increasing numbers grows the bits a logarithmic number of times.
-            self.words.resize((word + 1).max(self.words.len() * 2), 0);
+            // Doubling: a run of increasing numbers grows the bits a logarithmic number of times, up to
+            // the words every number below the bound needs.
+            let words_max = (NUMBERS_PER_PREFIX_MAX / 64) as usize;
+            self.words.resize((word + 1).max(self.words.len() * 2).min(words_max), 0);
         }
         let new = self.words[word] & (1 << bit) == 0;
         self.words[word] |= 1 << bit;
@@ -331,6 +333,20 @@ mod tests {
         }
         assert_eq!(seen.len(), numbered.len() + others.len());
         assert!(!seen.contains("w:100000") && !seen.contains("x:4"), "numbers never inserted");
+    }
+
+    /// A prefix's bits grow to cover the largest number kept, never past the bound (32 MiB).
+    #[test]
+    fn a_prefixs_bits_stop_at_the_bound() {
+        let mut seen = SeenIds::default();
+        let words_max = (NUMBERS_PER_PREFIX_MAX / 64) as usize;
+        for id in ["w:3", "w:150000000", "w:268435455", "w:200000000"] {
+            assert!(seen.insert(id), "{id} is new");
+            assert!(seen.numbered.runs[0].1.words.len() <= words_max, "{id} grew the bits past the bound");
+        }
+        assert_eq!(seen.numbered.runs[0].1.words.len(), words_max);
+        assert!(seen.contains("w:268435455") && !seen.contains("w:268435454"));
+        assert_eq!((seen.numbered.len, seen.len), (4, 0));
     }
 
     /// Across many doublings of the table every id stays found, a repeat is refused, and a prefetch
