@@ -69,14 +69,10 @@ impl SeenIds {
 
     /// Remembers `id`; true if it was not seen before.
     pub fn insert(&mut self, id: &str) -> bool {
-        if let Some((prefix, number)) = split_numbered(id) {
-            if let Some(run) = self.numbered.run_to_insert(prefix) {
-                let new = run.insert(number);
-                self.numbered.len += usize::from(new);
-                return new;
-            }
+        match split_numbered(id).and_then(|(prefix, number)| self.numbered.insert(prefix, number)) {
+            Some(new) => new,
+            None => self.insert_in_table(id),
         }
-        self.insert_in_table(id)
     }
 
     fn insert_in_table(&mut self, id: &str) -> bool {
@@ -125,8 +121,7 @@ impl SeenIds {
     /// numbered id on, or never (once [`NUMBERED_PREFIXES_MAX`] are kept).
     fn numbered_run(&self, id: &str) -> Option<(&NumberBits, u64)> {
         let (prefix, number) = split_numbered(id)?;
-        let run = self.numbered.runs.iter().find(|(kept, _)| kept.as_str() == prefix)?;
-        Some((&run.1, number))
+        Some((self.numbered.run(prefix)?, number))
     }
 
     /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
@@ -189,9 +184,19 @@ struct NumberedIds {
 }
 
 impl NumberedIds {
-    /// The bits of `prefix`, kept from now on if it is new and there is room for it.
-    fn run_to_insert(&mut self, prefix: &str) -> Option<&mut NumberBits> {
-        let index = match self.runs.iter().position(|(kept, _)| kept.as_str() == prefix) {
+    fn position(&self, prefix: &str) -> Option<usize> {
+        self.runs.iter().position(|(kept, _)| kept.as_str() == prefix)
+    }
+
+    /// The bits of a kept prefix.
+    fn run(&self, prefix: &str) -> Option<&NumberBits> {
+        self.position(prefix).map(|index| &self.runs[index].1)
+    }
+
+    /// Sets the bit of `prefix`'s `number`, keeping the prefix from now on if it is new and there is
+    /// room for it; true if the id is new, None if the prefix is not kept (the id goes to the table).
+    fn insert(&mut self, prefix: &str, number: u64) -> Option<bool> {
+        let index = match self.position(prefix) {
             Some(index) => index,
             None if self.runs.len() < NUMBERED_PREFIXES_MAX => {
                 self.runs.push((Text::from(prefix), NumberBits::default()));
@@ -199,7 +204,9 @@ impl NumberedIds {
             }
             None => return None,
         };
-        Some(&mut self.runs[index].1)
+        let new = self.runs[index].1.insert(number);
+        self.len += usize::from(new);
+        Some(new)
     }
 }
 

@@ -14,9 +14,9 @@ mod reads;
 pub mod reprocess;
 pub mod store;
 
-use crate::runtime::{appended_logs, HandedBatch};
+use crate::runtime::{appended_logs, push_stage_record, HandedBatch};
 use crate::runtime::{
-    apply_batch_from, commit_applied, encode, for_each_record, lock, read_lock, restore, stage_log, Appended,
+    apply_batch_from, commit_applied, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
     PipelineHandle, Records, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
@@ -1008,8 +1008,7 @@ impl Inner {
         let mut records = Vec::with_capacity(made.len());
         let mut stage_records = Vec::with_capacity(made.len());
         for (log, record) in made {
-            records.push((log, encode(&record)?));
-            stage_records.push((records.len() - 1, record));
+            push_stage_record(&mut records, &mut stage_records, log, record)?;
         }
         Ok((records, stage_records))
     }

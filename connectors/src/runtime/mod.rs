@@ -409,10 +409,21 @@ impl WriteBatch {
         log: String,
         record: pipelines::partition::StageRecord,
     ) -> Result<(), RuntimeError> {
-        self.appends.push((log, encode(&record)?));
-        self.stage_records.push((self.appends.len() - 1, record));
-        Ok(())
+        push_stage_record(&mut self.appends, &mut self.stage_records, log, record)
     }
+}
+
+/// Appends a stage record's bytes to `appends`, and the record itself, by its index there, to `made`
+/// (what [`WriteBatch::stage_records`] and [`Ingested::stage_records`] hold).
+pub fn push_stage_record(
+    appends: &mut Records,
+    made: &mut Vec<(usize, pipelines::partition::StageRecord)>,
+    log: String,
+    record: pipelines::partition::StageRecord,
+) -> Result<(), RuntimeError> {
+    appends.push((log, encode(&record)?));
+    made.push((appends.len() - 1, record));
+    Ok(())
 }
 
 /// A batch handed to [`Store::submit`].
