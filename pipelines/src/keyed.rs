@@ -95,6 +95,10 @@ impl<V> KeyedMap<V> {
         self.table.iter().map(|(_, value)| value)
     }
 
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.table.iter_mut().map(|(_, value)| value)
+    }
+
     /// Asks the CPU to bring the cache line of `key`'s entry (no effect on any answer). Reads only the
     /// table's control bytes: the candidates' entries are not compared, just announced.
     pub fn prefetch(&self, key: &str) {

@@ -420,6 +420,9 @@ impl StagePartition {
             return Err(SnapshotError::Inconsistent(format!("a {expected} partition with {found} state")));
         }
         restored.check_references().map_err(SnapshotError::Inconsistent)?;
+        if let StageState::Agent(stage) = &mut restored.state {
+            stage.agents.values_mut().for_each(crate::stages::agent::state::Agent::derive_indexes);
+        }
         if let Some(barrier) = &restored.answer_barrier {
             barrier.check().map_err(SnapshotError::Inconsistent)?;
         }

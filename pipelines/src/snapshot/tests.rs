@@ -355,6 +355,33 @@ fn agent_snapshot() -> (Vec<u8>, Config) {
     (run.last[&(StageKind::Agent, 0)].clone(), scenario.config)
 }
 
+/// Whether an agent's derived indexes say exactly what its records say: a sub-order is in `final_subs`
+/// if and only if it is neither paying nor reviewing, and every outstanding request is counted.
+fn derived_indexes_are_exact(agent: &crate::stages::agent::state::Agent) -> bool {
+    let outstanding: usize = agent.cards.values().map(|card| card.requests.len()).sum();
+    let finals = (0..agent.subs.len()).all(|sub| agent.final_subs.contains(sub) != agent.subs[sub].state.is_live());
+    finals && agent.requests_outstanding == Some(outstanding)
+}
+
+#[test]
+fn derived_agent_indexes_are_exact_when_kept_and_when_restored() {
+    // Kept step by step through a replay of the workload (sub-orders finish, requests come and go).
+    let engine = crate::replay::run(crate::replay::Scenario {
+        config: Config::default(),
+        inputs: crate::workload::workload(40, 4),
+    });
+    let agents: Vec<_> = engine.agents.agents.values().collect();
+    assert!(agents.iter().all(|agent| derived_indexes_are_exact(agent)));
+    let finals = agents.iter().map(|agent| (0..agent.subs.len()).filter(|sub| agent.final_subs.contains(*sub)).count());
+    assert!(finals.sum::<usize>() > 100, "the workload leaves few final sub-orders");
+    // Rebuilt when a snapshot (which leaves them out) is restored.
+    let (bytes, config) = agent_snapshot();
+    let restored = StagePartition::restore(&bytes, config).expect("restores");
+    let StageState::Agent(stage) = restored.state() else { panic!("an agent partition") };
+    assert!(stage.agents.values().any(|agent| !agent.subs.is_empty()));
+    assert!(stage.agents.values().all(derived_indexes_are_exact));
+}
+
 #[test]
 fn bad_bytes_are_errors_not_panics() {
     let (bytes, config) = agent_snapshot();

@@ -381,6 +381,7 @@ impl Agent {
         }
         self.sub_index.insert((request.order_id, request.seq), index);
         self.subs.push(sub);
+        self.final_subs.set(index, false);
         if let Some(card) = self.cards.get_mut(&request.card_id) {
             card.live_subs.insert(index);
         }
@@ -390,6 +391,7 @@ impl Agent {
     pub(crate) fn set_state(&mut self, sub: usize, state: SubState) {
         let card_id = self.subs[sub].card_id.clone();
         self.subs[sub].state = state;
+        self.final_subs.set(sub, !state.is_live());
         if let Some(card) = self.cards.get_mut(&card_id) {
             if state.is_live() {
                 card.live_subs.insert(sub);
