@@ -66,10 +66,11 @@ fn replay(inputs: Vec<pipelines::Input>) -> Engine {
     pipelines::replay::run_streaming(pipelines::replay::Scenario { config: Config::default(), inputs }, drop)
 }
 
-/// Replays `inputs` timing each input apart from the timers due before it (fired first, as
-/// `Engine::apply` would fire them, by advancing the clock to just before the input), and prints the
-/// time by input type. Timers include the simulated provider's answers and the checks they finish.
-/// Two clock reads per input add ≈ 50 ns each.
+/// Replays `inputs` timing each input apart from the timers due before it, and prints the time by
+/// input type. The timers are fired first by advancing the clock to the millisecond before the input:
+/// the timers `Engine::apply` fires first (due before the input). They include the simulated
+/// provider's answers and the checks they finish. A diagnostic: two clock reads per input add
+/// ≈ 50 ns each.
 fn by_type(inputs: Vec<pipelines::Input>) {
     let mut engine = Engine::new(Config::default(), Some(pipelines::wallet_sim::WalletSim::default()));
     let mut by_type: std::collections::BTreeMap<&'static str, (u64, std::time::Duration)> = Default::default();
