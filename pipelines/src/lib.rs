@@ -11,6 +11,7 @@
 
 pub mod allocator;
 pub mod answer_barrier;
+pub mod bits;
 pub mod config;
 pub mod decode;
 pub mod document;

@@ -213,34 +213,29 @@ impl NumberedIds {
 /// A set of numbers below [`NUMBERS_PER_PREFIX_MAX`], one bit each, growing with the largest.
 #[derive(Clone, Debug, Default)]
 struct NumberBits {
-    words: Vec<u64>,
+    bits: crate::bits::IndexBits,
 }
 
 impl NumberBits {
     /// Sets `number`'s bit; true if it was not set.
     fn insert(&mut self, number: u64) -> bool {
         assert!(number < NUMBERS_PER_PREFIX_MAX, "number {number} beyond the bits");
-        let (word, bit) = ((number / 64) as usize, number % 64);
-        if word >= self.words.len() {
+        let word = (number / 64) as usize;
+        if word >= self.bits.words() {
             // Doubling: a run of increasing numbers grows the bits a logarithmic number of times, up to
             // the words every number below the bound needs.
             let words_max = (NUMBERS_PER_PREFIX_MAX / 64) as usize;
-            self.words.resize((word + 1).max(self.words.len() * 2).min(words_max), 0);
+            self.bits.grow_to((word + 1).max(self.bits.words() * 2).min(words_max));
         }
-        let new = self.words[word] & (1 << bit) == 0;
-        self.words[word] |= 1 << bit;
-        new
+        self.bits.insert(number as usize)
     }
 
     fn contains(&self, number: u64) -> bool {
-        let (word, bit) = ((number / 64) as usize, number % 64);
-        self.words.get(word).is_some_and(|bits| bits & (1 << bit) != 0)
+        self.bits.contains(number as usize)
     }
 
     fn prefetch(&self, number: u64) {
-        if let Some(word) = self.words.get((number / 64) as usize) {
-            crate::prefetch::value(word);
-        }
+        self.bits.prefetch(number as usize);
     }
 }
 
@@ -349,9 +344,9 @@ mod tests {
         let words_max = (NUMBERS_PER_PREFIX_MAX / 64) as usize;
         for id in ["w:3", "w:150000000", "w:268435455", "w:200000000"] {
             assert!(seen.insert(id), "{id} is new");
-            assert!(seen.numbered.runs[0].1.words.len() <= words_max, "{id} grew the bits past the bound");
+            assert!(seen.numbered.runs[0].1.bits.words() <= words_max, "{id} grew the bits past the bound");
         }
-        assert_eq!(seen.numbered.runs[0].1.words.len(), words_max);
+        assert_eq!(seen.numbered.runs[0].1.bits.words(), words_max);
         assert!(seen.contains("w:268435455") && !seen.contains("w:268435454"));
         assert_eq!((seen.numbered.len, seen.len), (4, 0));
     }

@@ -355,12 +355,9 @@ fn agent_snapshot() -> (Vec<u8>, Config) {
     (run.last[&(StageKind::Agent, 0)].clone(), scenario.config)
 }
 
-/// Whether an agent's derived indexes say exactly what its records say: a sub-order is in `final_subs`
-/// if and only if it is neither paying nor reviewing, and every outstanding request is counted.
+/// Whether an agent's derived indexes say exactly what its records say, the request count known.
 fn derived_indexes_are_exact(agent: &crate::stages::agent::state::Agent) -> bool {
-    let outstanding: usize = agent.cards.values().map(|card| card.requests.len()).sum();
-    let finals = (0..agent.subs.len()).all(|sub| agent.final_subs.contains(sub) != agent.subs[sub].state.is_live());
-    finals && agent.requests_outstanding == Some(outstanding)
+    agent.derived_indexes_hold() && agent.requests_outstanding.is_some()
 }
 
 #[test]

@@ -112,14 +112,6 @@ impl Agent {
         self.requests_outstanding = self.requests_outstanding.and_then(|count| count.checked_sub(1));
     }
 
-    /// Whether `final_subs` and `requests_outstanding` agree with the records they are derived from.
-    fn derived_indexes_hold(&self) -> bool {
-        let finals_hold =
-            (0..self.subs.len()).all(|sub| !self.final_subs.contains(sub) || !self.subs[sub].state.is_live());
-        let outstanding: usize = self.cards.values().map(|card| card.requests.len()).sum();
-        finals_hold && self.requests_outstanding.is_none_or(|count| count == outstanding)
-    }
-
     /// Does the sub-order still need a check for this purpose (R-TIMER-1, R-CHK-1)?
     fn purpose_needed(&self, purpose: &Purpose) -> bool {
         let Some(sub) = purpose.sub else { return true };

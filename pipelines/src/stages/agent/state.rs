@@ -723,39 +723,11 @@ pub struct Agent {
     /// Sub-orders known to be final, by index: derived from `subs` (not in snapshots; rebuilt by
     /// [`Agent::derive_indexes`]). See [`Agent::timer_is_idle`].
     #[serde(skip)]
-    pub final_subs: SubOrderBits,
+    pub final_subs: crate::bits::IndexBits,
     /// Crawl requests asked and neither answered nor timed out, over all cards; None: not counted (a
     /// restored agent before [`Agent::derive_indexes`]). See [`Agent::timer_is_idle`].
     #[serde(skip)]
     pub requests_outstanding: Option<usize>,
-}
-
-/// A set of sub-order indexes as bits: one word covers 64 sub-orders, so an agent's set is a few words.
-#[derive(Clone, Debug, Default)]
-pub struct SubOrderBits {
-    words: Vec<u64>,
-}
-
-impl SubOrderBits {
-    pub fn contains(&self, sub: usize) -> bool {
-        self.words.get(sub / 64).is_some_and(|word| word & (1 << (sub % 64)) != 0)
-    }
-
-    /// Adds or removes `sub`. The words reach at most the highest index added, which is below the
-    /// agent's number of sub-orders.
-    pub fn set(&mut self, sub: usize, member: bool) {
-        let word = sub / 64;
-        if member && word >= self.words.len() {
-            self.words.resize(word + 1, 0);
-        }
-        if let Some(bits) = self.words.get_mut(word) {
-            if member {
-                *bits |= 1 << (sub % 64);
-            } else {
-                *bits &= !(1 << (sub % 64));
-            }
-        }
-    }
 }
 
 impl Agent {
@@ -777,7 +749,7 @@ impl Agent {
             errored: BTreeSet::new(),
             errored_unchecked_from: None,
             sweep_scheduled: false,
-            final_subs: SubOrderBits::default(),
+            final_subs: crate::bits::IndexBits::default(),
             requests_outstanding: Some(0),
         }
     }
@@ -785,11 +757,20 @@ impl Agent {
     /// Rebuilds what is derived from the rest of the record and left out of snapshots: the final
     /// sub-orders and the count of outstanding crawl requests.
     pub fn derive_indexes(&mut self) {
-        self.final_subs = SubOrderBits::default();
+        self.final_subs = crate::bits::IndexBits::default();
         for (index, record) in self.subs.iter().enumerate() {
             self.final_subs.set(index, !record.state.is_live());
         }
         self.requests_outstanding = Some(self.cards.values().map(|card| card.requests.len()).sum());
+    }
+
+    /// Whether the derived indexes say what the records say: a sub-order is in `final_subs` if and only
+    /// if it is neither paying nor reviewing, and a known count of outstanding requests is exact.
+    pub fn derived_indexes_hold(&self) -> bool {
+        let finals_hold =
+            self.subs.iter().enumerate().all(|(sub, record)| self.final_subs.contains(sub) != record.state.is_live());
+        let outstanding: usize = self.cards.values().map(|card| card.requests.len()).sum();
+        finals_hold && self.requests_outstanding.is_none_or(|count| count == outstanding)
     }
 
     pub fn balances(&self) -> Balances {
