@@ -47,12 +47,14 @@ impl<V> KeyedMap<V> {
         self.table.is_empty()
     }
 
+    #[inline]
     pub fn get(&self, key: &str) -> Option<&V> {
-        self.table.find(hash_of(key), |(stored, _)| stored == key).map(|(_, value)| value)
+        self.table.find(hash_of(key), |(stored, _)| crate::same_text(stored, key)).map(|(_, value)| value)
     }
 
+    #[inline]
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
-        self.table.find_mut(hash_of(key), |(stored, _)| stored == key).map(|(_, value)| value)
+        self.table.find_mut(hash_of(key), |(stored, _)| crate::same_text(stored, key)).map(|(_, value)| value)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -61,7 +63,7 @@ impl<V> KeyedMap<V> {
 
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: Text, value: V) -> Option<V> {
-        match self.table.entry(hash_of(&key), |(stored, _)| *stored == key, rehash) {
+        match self.table.entry(hash_of(&key), |(stored, _)| crate::same_text(stored, &key), rehash) {
             Entry::Occupied(mut occupied) => Some(std::mem::replace(&mut occupied.get_mut().1, value)),
             Entry::Vacant(vacant) => {
                 vacant.insert((key, value));
@@ -71,7 +73,7 @@ impl<V> KeyedMap<V> {
     }
 
     pub fn remove(&mut self, key: &str) -> Option<V> {
-        match self.table.find_entry(hash_of(key), |(stored, _)| stored == key) {
+        match self.table.find_entry(hash_of(key), |(stored, _)| crate::same_text(stored, key)) {
             Ok(occupied) => Some(occupied.remove().0 .1),
             Err(_) => None,
         }
@@ -79,7 +81,7 @@ impl<V> KeyedMap<V> {
 
     /// The value of `key`, made with `make` first if there is none.
     pub fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> V) -> &mut V {
-        let entry = self.table.entry(hash_of(key), |(stored, _)| stored == key, rehash);
+        let entry = self.table.entry(hash_of(key), |(stored, _)| crate::same_text(stored, key), rehash);
         &mut entry.or_insert_with(|| (Text::from(key), make())).into_mut().1
     }
 

@@ -45,6 +45,28 @@ pub use time::Timestamp;
 /// (e.g. UUID event ids) go to the heap like a `String`. Serialised as a plain JSON string.
 pub type Text = compact_str::CompactString;
 
+/// Whether two texts are equal, comparing ids of up to 16 bytes (order, agent, card, txn and event
+/// ids, prefixes) as two overlapping machine words instead of calling `memcmp`: the engine compares
+/// such ids at every table lookup, and the call cost ≈ 20 instructions each, ≈ 3.5 % of the engine
+/// benchmark's instructions (`callgrind`). Longer texts compare as `==` does.
+#[inline]
+pub fn same_text(first: &str, second: &str) -> bool {
+    let (first, second) = (first.as_bytes(), second.as_bytes());
+    if first.len() != second.len() {
+        return false;
+    }
+    match first.len() {
+        0..4 => first.iter().zip(second).all(|(left, right)| left == right),
+        4..8 => {
+            first.first_chunk::<4>() == second.first_chunk::<4>() && first.last_chunk::<4>() == second.last_chunk::<4>()
+        }
+        8..=16 => {
+            first.first_chunk::<8>() == second.first_chunk::<8>() && first.last_chunk::<8>() == second.last_chunk::<8>()
+        }
+        _ => first == second,
+    }
+}
+
 /// `"{first}{separator}{second}"` as a [`Text`], without the formatting machinery (ids built on hot
 /// paths: request ids, callback ids, provider answers' event ids). An id that fits inline is assembled
 /// on the stack and copied once (three `push_str`s each re-check capacity and re-encode the length).
@@ -96,6 +118,21 @@ mod tests {
         fn ids_are_what_format_writes(first in "[a-z0-9:-]{0,30}", second in "[a-z0-9:-]{0,30}", number: u64) {
             prop_assert_eq!(super::numbered(&first, ':', number).to_string(), format!("{first}:{number}"));
             prop_assert_eq!(super::joined(&first, ':', &second).to_string(), format!("{first}:{second}"));
+        }
+
+        /// Equality, a copy, and one byte changed anywhere (in each of the word comparisons' ranges).
+        #[test]
+        fn same_text_is_equality(first in "[ab]{0,20}|\\PC{0,20}", second in "[ab]{0,20}|\\PC{0,20}", position: usize) {
+            prop_assert_eq!(super::same_text(&first, &second), first == second);
+            prop_assert!(super::same_text(&first, &first.clone()));
+            let mut changed = first.clone().into_bytes();
+            if !changed.is_empty() {
+                let index = position % changed.len();
+                changed[index] ^= 1;
+                if let Ok(changed) = String::from_utf8(changed) {
+                    prop_assert!(!super::same_text(&first, &changed), "{} {}", first, changed);
+                }
+            }
         }
 
         /// Around the inline size, and with characters of every UTF-8 length.

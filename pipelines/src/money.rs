@@ -61,8 +61,10 @@ impl Money {
     /// [`Money::parse_general`] decides; a property test checks both agree.
     fn parse_plain(text: &str) -> Option<Money> {
         const INTEGER_DIGITS_MAX: usize = 15;
-        let (integer, fraction) = match text.split_once('.') {
-            Some((integer, fraction)) => (integer, Some(fraction)),
+        // A byte search: `split_once('.')` goes through the general pattern searcher, ≈ 100
+        // instructions of an amount's ≈ 200 (`callgrind`, engine benchmark).
+        let (integer, fraction) = match text.bytes().position(|byte| byte == b'.') {
+            Some(dot) => (text.get(..dot)?, Some(text.get(dot + 1..)?)),
             None => (text, None),
         };
         if integer.is_empty() || integer.len() > INTEGER_DIGITS_MAX {

@@ -69,7 +69,10 @@ impl SeenIds {
 
     /// Remembers `id`; true if it was not seen before.
     pub fn insert(&mut self, id: &str) -> bool {
-        match split_numbered(id).and_then(|(prefix, number)| self.numbered.insert(prefix, number)) {
+        if let Some((index, number)) = self.numbered.find(id) {
+            return self.numbered.insert_at(index, number);
+        }
+        match split_numbered(id).and_then(|(prefix, number)| self.numbered.insert_under_new_prefix(prefix, number)) {
             Some(new) => new,
             None => self.insert_in_table(id),
         }
@@ -120,8 +123,8 @@ impl SeenIds {
     /// under a prefix that is not kept was never put in bits: prefixes are kept from their first
     /// numbered id on, or never (once [`NUMBERED_PREFIXES_MAX`] are kept).
     fn numbered_run(&self, id: &str) -> Option<(&NumberBits, u64)> {
-        let (prefix, number) = split_numbered(id)?;
-        Some((self.numbered.run(prefix)?, number))
+        let (index, number) = self.numbered.find(id)?;
+        Some((&self.numbered.runs[index].1, number))
     }
 
     /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
@@ -135,7 +138,7 @@ impl SeenIds {
             if entry == 0 {
                 return Probe::Empty(slot);
             }
-            if (entry >> 32) as u32 == hash && self.id_at(entry) == id {
+            if (entry >> 32) as u32 == hash && crate::same_text(self.id_at(entry), id) {
                 return Probe::Found;
             }
             slot = (slot + 1) & mask;
@@ -184,29 +187,34 @@ struct NumberedIds {
 }
 
 impl NumberedIds {
-    fn position(&self, prefix: &str) -> Option<usize> {
-        self.runs.iter().position(|(kept, _)| kept.as_str() == prefix)
+    /// The kept prefix `id` is a numbered id under (its index), and its number: `id` is a kept prefix
+    /// followed by a canonical number. That is `split_numbered`'s answer whenever its prefix is kept
+    /// (the digits hold no `:`, so the prefix ends at the id's last one), found without searching the
+    /// id for its last `:` (every input's id is looked up twice: its prefetch and its insertion).
+    fn find(&self, id: &str) -> Option<(usize, u64)> {
+        self.runs.iter().enumerate().find_map(|(index, (prefix, _))| {
+            let digits = id.as_bytes().get(prefix.len()..)?;
+            let head = id.get(..prefix.len())?;
+            crate::same_text(head, prefix).then(|| canonical_number(digits)).flatten().map(|number| (index, number))
+        })
     }
 
-    /// The bits of a kept prefix.
-    fn run(&self, prefix: &str) -> Option<&NumberBits> {
-        self.position(prefix).map(|index| &self.runs[index].1)
-    }
-
-    /// Sets the bit of `prefix`'s `number`, keeping the prefix from now on if it is new and there is
-    /// room for it; true if the id is new, None if the prefix is not kept (the id goes to the table).
-    fn insert(&mut self, prefix: &str, number: u64) -> Option<bool> {
-        let index = match self.position(prefix) {
-            Some(index) => index,
-            None if self.runs.len() < NUMBERED_PREFIXES_MAX => {
-                self.runs.push((Text::from(prefix), NumberBits::default()));
-                self.runs.len() - 1
-            }
-            None => return None,
-        };
+    /// Sets the bit of `number` under the kept prefix at `index`; true if the id is new.
+    fn insert_at(&mut self, index: usize, number: u64) -> bool {
         let new = self.runs[index].1.insert(number);
         self.len += usize::from(new);
-        Some(new)
+        new
+    }
+
+    /// Keeps `prefix` (not kept yet) from now on with `number`'s bit set, if there is room for another
+    /// prefix; None if not (the id goes to the table).
+    fn insert_under_new_prefix(&mut self, prefix: &str, number: u64) -> Option<bool> {
+        debug_assert!(self.runs.iter().all(|(kept, _)| kept.as_str() != prefix), "prefix {prefix} is kept");
+        if self.runs.len() >= NUMBERED_PREFIXES_MAX {
+            return None;
+        }
+        self.runs.push((Text::from(prefix), NumberBits::default()));
+        Some(self.insert_at(self.runs.len() - 1, number))
     }
 }
 
@@ -242,19 +250,34 @@ impl NumberBits {
 /// `id` as (its prefix through the last `:`, its number) when what follows that `:` is a number
 /// written in one way only (decimal digits, no leading zero but in `0` itself: `line:07` is another
 /// id than `line:7`) below [`NUMBERS_PER_PREFIX_MAX`].
+///
+/// `split_numbered_by_definition` (tests) is the definition this must agree with.
 fn split_numbered(id: &str) -> Option<(&str, u64)> {
-    let colon = id.rfind(':')?;
-    let digits = &id.as_bytes()[colon + 1..];
+    let colon = id.bytes().rposition(|byte| byte == b':')?;
+    let number = canonical_number(id.as_bytes().get(colon + 1..)?)?;
+    // The prefix ends with the ASCII `:`, so on a character boundary: `get` cannot miss.
+    Some((id.get(..=colon)?, number))
+}
+
+/// `digits` as a number when they are decimal digits written in one way only (no leading zero but in
+/// `0` itself), at most [`NUMBER_DIGITS_MAX`] of them, below [`NUMBERS_PER_PREFIX_MAX`].
+fn canonical_number(digits: &[u8]) -> Option<u64> {
     let canonical = match digits {
         [] => false,
         [b'0'] => true,
         [first, ..] => *first != b'0' && digits.len() <= NUMBER_DIGITS_MAX,
     };
-    if !canonical || !digits.iter().all(u8::is_ascii_digit) {
+    if !canonical {
         return None;
     }
-    let number = digits.iter().fold(0u64, |number, digit| number * 10 + u64::from(digit - b'0'));
-    (number < NUMBERS_PER_PREFIX_MAX).then_some((&id[..=colon], number))
+    let mut number = 0u64;
+    for digit in digits {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        number = number * 10 + u64::from(digit - b'0');
+    }
+    (number < NUMBERS_PER_PREFIX_MAX).then_some(number)
 }
 
 /// A slot's value: never 0, the mark of an empty slot.
@@ -308,6 +331,66 @@ mod tests {
             }
             prop_assert!(!seen.contains("never inserted: the strategies have no spaces"));
         }
+    }
+
+    /// The definition `split_numbered` walks in one pass: the text after the last `:`, canonical
+    /// decimal digits, at most nine of them, below the bound.
+    fn split_numbered_by_definition(id: &str) -> Option<(&str, u64)> {
+        let colon = id.rfind(':')?;
+        let digits = &id[colon + 1..];
+        let canonical = digits == "0" || (!digits.is_empty() && !digits.starts_with('0'));
+        if !canonical || digits.len() > NUMBER_DIGITS_MAX || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+            return None;
+        }
+        let number: u64 = digits.parse().ok()?;
+        (number < NUMBERS_PER_PREFIX_MAX).then_some((&id[..=colon], number))
+    }
+
+    proptest! {
+        /// The one-pass split agrees with its definition on ids near and far from numbered ones.
+        #[test]
+        fn split_numbered_is_its_definition(
+            id in "[a-zé:]{0,4}:?(0|[1-9][0-9]{0,9}|[12][0-9]{8}|0[0-9]{1,3}|[0-9]{0,12}|:|[a-z]{0,2}[0-9]{0,3})"
+        ) {
+            prop_assert_eq!(split_numbered(&id), split_numbered_by_definition(&id), "{}", id);
+        }
+    }
+
+    #[test]
+    fn split_numbered_examples() {
+        assert_eq!(split_numbered("w:0"), Some(("w:", 0)));
+        assert_eq!(split_numbered("line:7"), Some(("line:", 7)));
+        assert_eq!(split_numbered("a:b:268435455"), Some(("a:b:", 268_435_455)));
+        assert_eq!(split_numbered("a:268435456"), None, "the bound");
+        assert_eq!(split_numbered("a:1234567890"), None, "ten digits");
+        assert_eq!(split_numbered("line:07"), None, "a leading zero");
+        assert_eq!(split_numbered("line:"), None);
+        assert_eq!(split_numbered("7"), None, "no colon");
+        assert_eq!(split_numbered(":7"), Some((":", 7)));
+        assert_eq!(split_numbered("a:7b"), None);
+        assert_eq!(split_numbered("é:7"), Some(("é:", 7)));
+    }
+
+    /// An id that starts with a kept prefix but has another `:` after it is numbered under the longer
+    /// prefix (or not at all), never under the kept one.
+    #[test]
+    fn a_kept_prefix_followed_by_more_than_a_number_is_another_id() {
+        let mut seen = SeenIds::default();
+        assert!(seen.insert("a:5"));
+        assert_eq!(seen.numbered.find("a:5"), Some((0, 5)));
+        assert_eq!(seen.numbered.find("a:b:5"), None);
+        assert_eq!(seen.numbered.find("a:05"), None);
+        assert_eq!(seen.numbered.find("a:"), None);
+        assert_eq!(seen.numbered.find("a"), None);
+        for id in ["a:b:5", "a::5", "a:05", "a:", "a:5:", "a:5x"] {
+            assert!(!seen.contains(id), "{id}");
+            assert!(seen.insert(id), "{id}");
+            assert!(!seen.insert(id), "{id}");
+            assert!(seen.contains(id), "{id}");
+        }
+        assert_eq!(seen.numbered.runs.len(), 3, "a:, a:b: and a:: are kept");
+        assert!(!seen.insert("a:5"));
+        assert_eq!(seen.len(), 7);
     }
 
     /// Numbered ids under at most four prefixes are bits, the others (a fifth prefix, a number written

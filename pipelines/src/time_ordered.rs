@@ -81,7 +81,7 @@ impl<T: TimeKeyed> TimeOrdered<T> {
     pub fn position(&self, time: Timestamp, txn_id: &str) -> Result<usize, usize> {
         let slot = self.first_after_key_before(time, txn_id);
         match self.lines.get(slot) {
-            Some(line) if self.times[slot] == time && line.txn_id() == txn_id => Ok(slot),
+            Some(line) if self.times[slot] == time && crate::same_text(line.txn_id(), txn_id) => Ok(slot),
             _ => Err(slot),
         }
     }

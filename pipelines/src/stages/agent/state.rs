@@ -202,7 +202,9 @@ impl BillTable {
     /// are neighbours in the table), then by binary search.
     pub fn slot_at(&self, near: Option<usize>, time: Timestamp, txn_id: &str) -> Option<usize> {
         let is_key = |slot: usize| {
-            self.lines.get(slot).is_some_and(|known| known.line.time == time && known.line.txn_id == txn_id)
+            self.lines
+                .get(slot)
+                .is_some_and(|known| known.line.time == time && crate::same_text(&known.line.txn_id, txn_id))
         };
         if let Some(near) = near {
             for slot in [near.wrapping_sub(1), near + 1, near] {
