@@ -84,6 +84,7 @@ impl Engine {
     }
 
     /// Applies one input: timers due strictly before it first, then the input and its cascade.
+    #[inline]
     pub fn apply(&mut self, input: Input) {
         self.fire_timers_before(input.at);
         self.clock = self.clock.max(input.at);
@@ -182,6 +183,7 @@ impl Engine {
     }
 
     /// Which stage an input belongs to (SPEC §5 table); wallet events feed the simulated provider.
+    #[inline]
     fn route(&mut self, input: Input) -> Option<Message> {
         let at = input.at;
         match route_input(input) {

@@ -85,6 +85,7 @@ pub enum Routed {
 }
 
 /// Routes an input to the stage that owns it (SPEC §5 table).
+#[inline]
 pub fn route_input(input: Input) -> Routed {
     let Input { event_id, command, .. } = input;
     // The key is copied (inline for short ids) before the command moves into the message.
