@@ -74,26 +74,28 @@ impl Agent {
         let Some(card) = self.cards.get(card_id) else {
             return;
         };
-        let live: Vec<usize> = card.live_subs.iter().copied().collect();
+        let is_candidate =
+            |sub: &usize| self.subs[*sub].open_for_matching() && crate::same_text(&self.subs[*sub].card_id, card_id);
         let candidates: Vec<usize> = match only {
-            Some(sub) => vec![sub],
-            None => live.clone(),
-        }
-        .into_iter()
-        .filter(|sub| self.subs[*sub].open_for_matching() && self.subs[*sub].card_id == card_id)
-        .collect();
+            Some(sub) => std::iter::once(sub).filter(is_candidate).collect(),
+            None => card.live_subs.iter().copied().filter(is_candidate).collect(),
+        };
         if candidates.is_empty() {
             return;
         }
         let utr_owners = UtrOwners::of(self, card);
         let owned_by_other = |line: &BillLine, sub: usize| utr_owners.owned_by_other(line, sub);
-        let collections: Vec<usize> =
-            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Collection).collect();
-        let payouts: Vec<usize> =
-            candidates.iter().copied().filter(|sub| self.subs[*sub].kind == OrderKind::Payout).collect();
+        // One list for every pass, refilled: each pass takes the candidates of its kind still open
+        // (a pass before it may have decided some), in creation order. (A list per kind and per pass
+        // was ≈ 9 allocations a check.)
+        let mut subs: Vec<usize> = Vec::with_capacity(candidates.len());
         for pass in [Pass::C1, Pass::C2, Pass::C3, Pass::P1, Pass::P2] {
-            let subs = if matches!(pass, Pass::P1 | Pass::P2) { &payouts } else { &collections };
-            let subs: Vec<usize> = subs.iter().copied().filter(|sub| self.subs[*sub].open_for_matching()).collect();
+            let kind = if matches!(pass, Pass::P1 | Pass::P2) { OrderKind::Payout } else { OrderKind::Collection };
+            subs.clear();
+            subs.extend(candidates.iter().copied().filter(|sub| {
+                let record = &self.subs[*sub];
+                record.kind == kind && record.open_for_matching()
+            }));
             if subs.is_empty() {
                 continue;
             }
