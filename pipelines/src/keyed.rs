@@ -79,6 +79,18 @@ impl<V> KeyedMap<V> {
         }
     }
 
+    /// Inserts `make()` under `key` unless `key` is there (then nothing is made): true if inserted. One
+    /// lookup, where `contains_key` then `insert` made two.
+    pub fn insert_new(&mut self, key: &str, make: impl FnOnce() -> V) -> bool {
+        match self.table.entry(hash_of(key), |(stored, _)| crate::same_text(stored, key), rehash) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(vacant) => {
+                vacant.insert((Text::from(key), make()));
+                true
+            }
+        }
+    }
+
     /// The value of `key`, made with `make` first if there is none.
     pub fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> V) -> &mut V {
         let entry = self.table.entry(hash_of(key), |(stored, _)| crate::same_text(stored, key), rehash);

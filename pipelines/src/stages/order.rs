@@ -247,17 +247,7 @@ impl OrderStage {
         payee: Option<Box<Party>>,
         effects: &mut Effects,
     ) {
-        if self.orders.contains_key(order_id) {
-            return refuse(
-                effects,
-                event_id,
-                command,
-                Reason::InvalidTransition,
-                format!("order {order_id} already exists"),
-            );
-        }
-        self.orders.insert(
-            order_id.into(),
+        let created = self.orders.insert_new(order_id, || {
             Box::new(MainOrder {
                 order_id: order_id.into(),
                 kind,
@@ -273,8 +263,17 @@ impl OrderStage {
                 callbacks_sent: 0,
                 actual_amount: None,
                 waiting: Vec::new(),
-            }),
-        );
+            })
+        });
+        if !created {
+            return refuse(
+                effects,
+                event_id,
+                command,
+                Reason::InvalidTransition,
+                format!("order {order_id} already exists"),
+            );
+        }
         let body = match kind {
             OrderKind::Collection => {
                 MerchantBody::ValidateCollection { order_id: order_id.into(), event_id: event_id.into() }

@@ -280,22 +280,22 @@ impl Agent {
     pub(crate) fn evaluate_payout(&mut self, sub: usize, context: &mut Context) {
         use crate::input::LineStatus::{Errored, Failed, Processing};
         let now = context.effects.now;
-        let card_id = self.subs[sub].card_id.clone();
-        let Some(card) = self.cards.get(&card_id) else {
+        let Some(card) = self.cards.get(&self.subs[sub].card_id) else {
             return;
         };
-        let statuses: Vec<_> = self.subs[sub]
-            .matched_txn_ids
-            .iter()
-            .filter_map(|txn_id| card.bill.get(txn_id).map(|line| line.line.status))
-            .collect();
+        let (mut failed, mut processing) = (false, false);
+        for txn_id in &self.subs[sub].matched_txn_ids {
+            let Some(line) = card.bill.get(txn_id) else { continue };
+            failed |= matches!(line.line.status, Failed | Errored);
+            processing |= line.line.status == Processing;
+        }
         let tolerance = context.config.amount_tolerance;
-        if statuses.iter().any(|status| matches!(status, Failed | Errored)) {
+        if failed {
             self.subs[sub].note(now, "R-PEND-1", "line_failed", "a matched line failed".to_string());
             self.subs[sub].flags.remove(&Flag::BillPending);
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
-        if statuses.contains(&Processing) {
+        if processing {
             self.refresh_paid_total(sub);
             let timeout = self.bill_pending_timeout_s(sub, context);
             let record = &mut self.subs[sub];
