@@ -71,23 +71,7 @@ pub fn same_text(first: &str, second: &str) -> bool {
 /// paths: request ids, callback ids, provider answers' event ids). An id that fits inline is assembled
 /// on the stack and copied once (three `push_str`s each re-check capacity and re-encode the length).
 pub fn joined(first: &str, separator: char, second: &str) -> Text {
-    const INLINE_BYTES_MAX: usize = std::mem::size_of::<Text>();
-    let length = first.len() + separator.len_utf8() + second.len();
-    if length > INLINE_BYTES_MAX {
-        let mut text = Text::with_capacity(length);
-        text.push_str(first);
-        text.push(separator);
-        text.push_str(second);
-        return text;
-    }
-    let mut buffer = [0u8; INLINE_BYTES_MAX];
-    let (head, rest) = buffer.split_at_mut(first.len());
-    head.copy_from_slice(first.as_bytes());
-    let (middle, rest) = rest.split_at_mut(separator.len_utf8());
-    separator.encode_utf8(middle);
-    rest[..second.len()].copy_from_slice(second.as_bytes());
-    // Two strings and a character, concatenated: always UTF-8.
-    Text::from_utf8(&buffer[..length]).unwrap_or_default()
+    joined_bytes(first, separator, second.as_bytes())
 }
 
 /// `"{first}{separator}{number}"` as a [`Text`] (see [`joined`]).
@@ -104,8 +88,29 @@ pub fn numbered(first: &str, separator: char, number: u64) -> Text {
             break;
         }
     }
-    // ASCII digits are always UTF-8.
-    joined(first, separator, std::str::from_utf8(&digits[start..]).unwrap_or_default())
+    // The digits go in as bytes: the whole id is checked as UTF-8 once, not the digits first.
+    joined_bytes(first, separator, &digits[start..])
+}
+
+/// [`joined`] with the second part as the bytes of a `str`.
+fn joined_bytes(first: &str, separator: char, second: &[u8]) -> Text {
+    const INLINE_BYTES_MAX: usize = std::mem::size_of::<Text>();
+    let length = first.len() + separator.len_utf8() + second.len();
+    if length > INLINE_BYTES_MAX {
+        let mut text = Text::with_capacity(length);
+        text.push_str(first);
+        text.push(separator);
+        text.push_str(std::str::from_utf8(second).unwrap_or_default());
+        return text;
+    }
+    let mut buffer = [0u8; INLINE_BYTES_MAX];
+    let (head, rest) = buffer.split_at_mut(first.len());
+    head.copy_from_slice(first.as_bytes());
+    let (middle, rest) = rest.split_at_mut(separator.len_utf8());
+    separator.encode_utf8(middle);
+    rest[..second.len()].copy_from_slice(second);
+    // Two strings and a character, concatenated: always UTF-8.
+    Text::from_utf8(&buffer[..length]).unwrap_or_default()
 }
 
 #[cfg(test)]
