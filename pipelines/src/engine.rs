@@ -86,9 +86,15 @@ impl Engine {
     /// Applies one input: timers due strictly before it first, then the input and its cascade.
     #[inline]
     pub fn apply(&mut self, input: Input) {
+        self.apply_found(input, None);
+    }
+
+    /// `apply`, given where the seen set found the input's id when it was announced.
+    #[inline]
+    fn apply_found(&mut self, input: Input, found: Option<crate::seen::NumberedSlot>) {
         self.fire_timers_before(input.at);
         self.clock = self.clock.max(input.at);
-        if !self.seen_event_ids.insert(&input.event_id) {
+        if !self.seen_event_ids.insert_found(&input.event_id, found) {
             return; // SPEC §3: an event id already seen, applied or rejected, is ignored.
         }
         let now = self.clock;
@@ -109,13 +115,17 @@ impl Engine {
     /// is read where it lies (`as_slice`), not taken out to look at it: an input is 160 bytes, and each
     /// move is a copy.
     pub fn apply_next(&mut self, inputs: &mut std::vec::IntoIter<Input>, count: usize) {
+        // Where the seen set found the next input's id when it was announced (the first input of a
+        // call was not announced: it is looked up as `apply` does).
+        let mut found_next = None;
         for _ in 0..count {
             let Some(input) = inputs.next() else { return };
+            let found = found_next.take();
             if let Some(next) = inputs.as_slice().first() {
-                self.seen_event_ids.prefetch(&next.event_id);
+                found_next = self.seen_event_ids.prefetch(&next.event_id);
                 self.announce(input_key(&next.command));
             }
-            self.apply(input);
+            self.apply_found(input, found);
         }
     }
 
