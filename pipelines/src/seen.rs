@@ -218,7 +218,7 @@ impl NumberedIds {
     /// The kept prefix `id` is a numbered id under (its index), and its number: `id` is a kept prefix
     /// followed by a canonical number. That is `split_numbered`'s answer whenever its prefix is kept
     /// (the digits hold no `:`, so the prefix ends at the id's last one), found without searching the
-    /// id for its last `:` (every input's id is looked up twice: its prefetch and its insertion).
+    /// id for its last `:` (every input's id is looked up here when the replay announces it).
     fn find(&self, id: &str) -> Option<(usize, u64)> {
         self.runs.iter().enumerate().find_map(|(index, (prefix, _))| {
             let digits = id.as_bytes().get(prefix.len()..)?;
