@@ -105,8 +105,8 @@ impl SeenIds {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        match self.numbered_run(id) {
-            Some((run, number)) => run.contains(number),
+        match self.numbered.find(id) {
+            Some((run, number)) => self.numbered.runs[run].1.contains(number),
             None => matches!(self.probe(id, hash32(id)), Probe::Found),
         }
     }
@@ -138,14 +138,6 @@ impl SeenIds {
             }
             None => self.insert(id),
         }
-    }
-
-    /// The bits `id` is kept in, and its number, when it is a numbered id under a kept prefix. An id
-    /// under a prefix that is not kept was never put in bits: prefixes are kept from their first
-    /// numbered id on, or never (once [`NUMBERED_PREFIXES_MAX`] are kept).
-    fn numbered_run(&self, id: &str) -> Option<(&NumberBits, u64)> {
-        let (index, number) = self.numbered.find(id)?;
-        Some((&self.numbered.runs[index].1, number))
     }
 
     /// Walks `id`'s probe sequence to the slot holding it or to the first empty slot.
@@ -218,7 +210,9 @@ impl NumberedIds {
     /// The kept prefix `id` is a numbered id under (its index), and its number: `id` is a kept prefix
     /// followed by a canonical number. That is `split_numbered`'s answer whenever its prefix is kept
     /// (the digits hold no `:`, so the prefix ends at the id's last one), found without searching the
-    /// id for its last `:` (every input's id is looked up here when the replay announces it).
+    /// id for its last `:` (every input's id is looked up here when the replay announces it). None
+    /// also for a numbered id under a prefix not kept: such an id was never put in bits, as prefixes
+    /// are kept from their first numbered id on, or never (once [`NUMBERED_PREFIXES_MAX`] are kept).
     fn find(&self, id: &str) -> Option<(usize, u64)> {
         self.runs.iter().enumerate().find_map(|(index, (prefix, _))| {
             let digits = id.as_bytes().get(prefix.len()..)?;

@@ -262,33 +262,36 @@ impl Agent {
         }
     }
 
+    /// What a sub-order's matched lines say now, read once from its card's bill table (None: no card).
+    fn matched_lines(&self, sub: usize) -> Option<MatchedLines> {
+        use crate::input::LineStatus::{Errored, Failed, Processing, Success};
+        let card = self.cards.get(&self.subs[sub].card_id)?;
+        let mut summary = MatchedLines { failed: false, processing: false, paid: Money::ZERO };
+        for line in self.subs[sub].matched_txn_ids.iter().filter_map(|txn_id| card.bill.get(txn_id)) {
+            summary.failed |= matches!(line.line.status, Failed | Errored);
+            summary.processing |= line.line.status == Processing;
+            if line.line.status == Success {
+                summary.paid = summary.paid.plus(line.line.amount);
+            }
+        }
+        Some(summary)
+    }
+
     /// SPEC §4: `paid_total` is the sum of the amounts of the matched lines whose status is `success`
     /// now (a line may change status after it was matched).
     pub(crate) fn refresh_paid_total(&mut self, sub: usize) {
-        let Some(card) = self.cards.get(&self.subs[sub].card_id) else { return };
-        let paid_total = self.subs[sub]
-            .matched_txn_ids
-            .iter()
-            .filter_map(|txn| card.bill.get(txn))
-            .filter(|line| line.line.status == crate::input::LineStatus::Success)
-            .fold(Money::ZERO, |sum, line| sum.plus(line.line.amount));
-        self.subs[sub].paid_total = paid_total;
+        if let Some(lines) = self.matched_lines(sub) {
+            self.subs[sub].paid_total = lines.paid;
+        }
     }
 
     /// Decides a payout from its matched lines (R-MATCH-P1..P5, R-PEND-1): any failed line rejects,
     /// any processing line waits (`bill_pending`), else the paid total is compared with the amount.
     pub(crate) fn evaluate_payout(&mut self, sub: usize, context: &mut Context) {
-        use crate::input::LineStatus::{Errored, Failed, Processing};
         let now = context.effects.now;
-        let Some(card) = self.cards.get(&self.subs[sub].card_id) else {
+        let Some(MatchedLines { failed, processing, paid }) = self.matched_lines(sub) else {
             return;
         };
-        let (mut failed, mut processing) = (false, false);
-        for txn_id in &self.subs[sub].matched_txn_ids {
-            let Some(line) = card.bill.get(txn_id) else { continue };
-            failed |= matches!(line.line.status, Failed | Errored);
-            processing |= line.line.status == Processing;
-        }
         let tolerance = context.config.amount_tolerance;
         if failed {
             self.subs[sub].note(now, "R-PEND-1", "line_failed", "a matched line failed".to_string());
@@ -296,7 +299,7 @@ impl Agent {
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
         if processing {
-            self.refresh_paid_total(sub);
+            self.subs[sub].paid_total = paid;
             let timeout = self.bill_pending_timeout_s(sub, context);
             let record = &mut self.subs[sub];
             record.found = true;
@@ -314,9 +317,9 @@ impl Agent {
             return;
         }
         let previous_paid = self.subs[sub].paid_total;
-        self.refresh_paid_total(sub);
         let record = &mut self.subs[sub];
-        let paid_total = record.paid_total;
+        record.paid_total = paid;
+        let paid_total = paid;
         if record.flags.remove(&Flag::BillPending) {
             record.note(now, "R-PEND-1", "line_settled", Evidence::Text("matched lines no longer processing"));
         }
@@ -359,4 +362,14 @@ impl Agent {
             );
         }
     }
+}
+
+/// A sub-order's matched lines as its payout rules read them (R-MATCH-P1..P5, R-PEND-1).
+struct MatchedLines {
+    /// A line failed or went ERRORED.
+    failed: bool,
+    /// A line is still processing.
+    processing: bool,
+    /// The amounts of the lines that succeeded (SPEC §4 `paid_total`).
+    paid: Money,
 }

@@ -770,7 +770,12 @@ impl Agent {
         for (index, record) in self.subs.iter().enumerate() {
             self.final_subs.set(index, !record.state.is_live());
         }
-        self.requests_outstanding = Some(self.cards.values().map(|card| card.requests.len()).sum());
+        self.requests_outstanding = Some(self.requests_held());
+    }
+
+    /// Crawl requests the cards hold (asked, neither answered nor timed out).
+    fn requests_held(&self) -> usize {
+        self.cards.values().map(|card| card.requests.len()).sum()
     }
 
     /// Whether the derived indexes say what the records say: a sub-order is in `final_subs` if and only
@@ -778,8 +783,7 @@ impl Agent {
     pub fn derived_indexes_hold(&self) -> bool {
         let finals_hold =
             self.subs.iter().enumerate().all(|(sub, record)| self.final_subs.contains(sub) != record.state.is_live());
-        let outstanding: usize = self.cards.values().map(|card| card.requests.len()).sum();
-        finals_hold && self.requests_outstanding.is_none_or(|count| count == outstanding)
+        finals_hold && self.requests_outstanding.is_none_or(|count| count == self.requests_held())
     }
 
     pub fn balances(&self) -> Balances {
