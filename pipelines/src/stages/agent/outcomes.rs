@@ -289,7 +289,7 @@ impl Agent {
     /// any processing line waits (`bill_pending`), else the paid total is compared with the amount.
     pub(crate) fn evaluate_payout(&mut self, sub: usize, context: &mut Context) {
         let now = context.effects.now;
-        let Some(MatchedLines { failed, processing, paid }) = self.matched_lines(sub) else {
+        let Some(MatchedLines { failed, processing, paid: paid_total }) = self.matched_lines(sub) else {
             return;
         };
         let tolerance = context.config.amount_tolerance;
@@ -299,7 +299,7 @@ impl Agent {
             return self.payout_returned(sub, SubState::Rejected, "R-PEND-1", context);
         }
         if processing {
-            self.subs[sub].paid_total = paid;
+            self.subs[sub].paid_total = paid_total;
             let timeout = self.bill_pending_timeout_s(sub, context);
             let record = &mut self.subs[sub];
             record.found = true;
@@ -318,8 +318,7 @@ impl Agent {
         }
         let previous_paid = self.subs[sub].paid_total;
         let record = &mut self.subs[sub];
-        record.paid_total = paid;
-        let paid_total = paid;
+        record.paid_total = paid_total;
         if record.flags.remove(&Flag::BillPending) {
             record.note(now, "R-PEND-1", "line_settled", Evidence::Text("matched lines no longer processing"));
         }
