@@ -942,6 +942,15 @@ mod tests {
                 let line = statement_line(*txn, *time, status(*code), with_utr.then_some("U1"), false);
                 bill.insert(Line::from_statement(Money::from_rupees(1), line));
             }
+            // Some known lines change in place after they were inserted, as a merge changes them.
+            for (txn, (_, code, with_utr)) in known.iter().filter(|(txn, _)| *txn % 4 == 1) {
+                if let Some(changed) = bill.get_mut(&format!("t{txn}")) {
+                    changed.line.status = status(code + 1);
+                    if !with_utr {
+                        changed.line.utr = Some("U3".into());
+                    }
+                }
+            }
             // A page: known lines (some re-timed, some changed), new lines; each txn id once.
             let mut seen = std::collections::BTreeSet::new();
             let mut raw: Vec<StatementLine> = page
