@@ -7,7 +7,7 @@
 //! latency percentiles. Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
 //! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
 //! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
-//! processed (event time then moves in steps of one bulk, see the README); `BENCH_SERVE_CONFIG=FILE`
+//! processed (event time then moves in steps of one bulk, see `docs/PERFORMANCE.md`); `BENCH_SERVE_CONFIG=FILE`
 //! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PARTITIONS=N` runs it with `N`
 //! partitions per stage (default 2); `BENCH_PAISA=PATH` runs that `paisa` binary instead of this
 //! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
@@ -21,7 +21,7 @@
 //! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
 //! `paisa replay` of the same events (computed in-process): with the event clock and bulk posting, one
 //! stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced inputs), so
-//! the service does more crawls than replay and decides some orders otherwise (see the README).
+//! the service does more crawls than replay and decides some orders otherwise (see `docs/PERFORMANCE.md`).
 
 use pipelines::input::Command;
 use pipelines::Input;

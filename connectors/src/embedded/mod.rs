@@ -427,7 +427,7 @@ pub(crate) fn publish_early_crawls(
 const EARLY_CRAWLS_MAX: usize = 4_096;
 
 /// Hands the crawl requests a round produced to the attached connector before the round commits, and
-/// wakes it: the provider round trip then overlaps the commit (answer barrier, README "Performance").
+/// wakes it: the provider round trip then overlaps the commit (answer barrier, `docs/PERFORMANCE.md`).
 fn hand_over_early_crawls(inner: &Inner, crawls: &mut Vec<(Timestamp, pipelines::output::CrawlRequested)>) {
     if crawls.is_empty() || !inner.connector_attached.load(Ordering::SeqCst) {
         crawls.clear();
