@@ -100,6 +100,10 @@ impl StatementConnector {
             .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
             // One call per request (no hidden retries): a redirect would be a second call.
             .redirect(reqwest::redirect::Policy::none())
+            // reqwest retries protocol refusals (HTTP/2's REFUSED_STREAM, GOAWAY) by default; this build
+            // speaks HTTP/1 only, so nothing is retried today, but that must not depend on a feature
+            // flag. With no retry allowed, reqwest also stops copying each request in case it retries.
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .build()
             .map_err(ConnectorError::Client)?;
         let permits = config.concurrent_requests_per_provider_max as usize;

@@ -231,6 +231,8 @@ async fn a_busy_provider_is_reported_as_upstream_busy() {
     // SPEC §10: a detail call's 5xx is detail_unavailable (replay says upstream_busy; the agent stage
     // treats both alike for a detail).
     assert_error(&connector.crawl(&detail("c1", "t1")).await, CrawlError::DetailUnavailable);
+    // One call per request, refused or not: asking again is the pipeline's decision (R-CHK-3).
+    assert_eq!(sim.state.stats().card_requests, 2, "a refused call was retried");
 }
 
 #[tokio::test]
