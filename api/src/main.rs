@@ -118,6 +118,10 @@ enum AdminTask {
 }
 
 fn main() -> ExitCode {
+    if let Some(message) = cpu_level_missing() {
+        eprintln!("paisa: {message}");
+        return ExitCode::from(1);
+    }
     pipelines::allocator::configure();
     let cli = Cli::parse();
     match cli.command {
@@ -250,6 +254,35 @@ async fn read_model(uri: &str, keyspace: &str) -> anyhow::Result<Arc<dyn connect
     let config = scylla_config(uri, keyspace, 1);
     let model = tokio::task::spawn_blocking(move || connectors::scylla::ScyllaReadModel::init(&config)).await??;
     Ok(Arc::new(model))
+}
+
+/// What this CPU lacks of the level the binary was built for (`deploy/pgo` builds for x86-64-v3 where
+/// it can): such a binary dies of an unknown instruction (SIGILL) wherever the compiler first used one,
+/// so it says so at start instead. Only features the build enabled are asked for.
+fn cpu_level_missing() -> Option<String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut missing: Vec<&str> = Vec::new();
+        macro_rules! require {
+            ($($feature:tt),*) => {$(
+                if cfg!(target_feature = $feature) && !std::arch::is_x86_feature_detected!($feature) {
+                    missing.push($feature);
+                }
+            )*};
+        }
+        require!(
+            "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "bmi1", "bmi2", "fma", "f16c", "lzcnt",
+            "movbe"
+        );
+        if !missing.is_empty() {
+            return Some(format!(
+                "this binary was built for a CPU with {}, which this one lacks; build it for this machine \
+                 (PGO_TARGET_CPU=x86-64 bash deploy/pgo build, or cargo build --release)",
+                missing.join(", ")
+            ));
+        }
+    }
+    None
 }
 
 fn exit_on_error(name: &str, result: anyhow::Result<()>) -> ExitCode {
