@@ -47,11 +47,7 @@ impl UtrOwners {
     fn of(agent: &Agent, card: &Card) -> UtrOwners {
         let owners =
             card.live_subs.iter().flat_map(|sub| agent.subs[*sub].utrs.iter().map(move |utr| (utr.clone(), *sub)));
-        // Room for one UTR per live sub-order, the usual count, up front: `collect` cannot know the count
-        // of a flattened list and grew it from nothing on every check.
-        let mut list = Vec::with_capacity(card.live_subs.len());
-        list.extend(owners);
-        UtrOwners(list)
+        UtrOwners(owners.collect())
     }
 
     fn owned_by_other(&self, line: &BillLine, sub: usize) -> bool {
@@ -80,12 +76,10 @@ impl Agent {
         };
         let is_candidate =
             |sub: &usize| self.subs[*sub].open_for_matching() && crate::same_text(&self.subs[*sub].card_id, card_id);
-        // Room for every live sub-order up front: a filtered list's count is unknown to `collect`.
-        let mut candidates: Vec<usize> = Vec::with_capacity(if only.is_some() { 1 } else { card.live_subs.len() });
-        match only {
-            Some(sub) => candidates.extend(std::iter::once(sub).filter(is_candidate)),
-            None => candidates.extend(card.live_subs.iter().copied().filter(is_candidate)),
-        }
+        let candidates: Vec<usize> = match only {
+            Some(sub) => std::iter::once(sub).filter(is_candidate).collect(),
+            None => card.live_subs.iter().copied().filter(is_candidate).collect(),
+        };
         if candidates.is_empty() {
             return;
         }
