@@ -40,7 +40,7 @@ pub struct UserView<'a> {
     pub dispatch_eligible: bool,
     pub cards: BTreeMap<&'a str, CardView>,
     pub holds: &'a [Hold],
-    pub journal: &'a [JournalEntry],
+    pub journal: &'a crate::segmented::Segmented<JournalEntry>,
     pub status_history: &'a [StatusChange],
 }
 
@@ -48,7 +48,7 @@ pub struct UserView<'a> {
 pub struct MerchantView<'a> {
     pub available: Money,
     pub payout_reserve: Money,
-    pub journal: &'a [MerchantEntry],
+    pub journal: &'a crate::segmented::Segmented<MerchantEntry>,
 }
 
 #[derive(Debug, Serialize)]

@@ -25,6 +25,7 @@ pub mod partition;
 mod prefetch;
 pub mod replay;
 pub mod seen;
+pub mod segmented;
 pub mod snapshot;
 pub mod stages;
 pub mod time;

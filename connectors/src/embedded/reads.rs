@@ -5,6 +5,7 @@ use super::Inner;
 use crate::runtime::{read_lock, stage_log, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
+use pipelines::segmented::Segmented;
 use pipelines::stages::agent::state::{Agent, SubState};
 use pipelines::stages::agent::AgentStage;
 use pipelines::stages::merchant::MerchantStage;
@@ -124,12 +125,12 @@ pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {
     Some(value)
 }
 
-fn page<T: serde::Serialize>(entries: &[T], seq: impl Fn(&T) -> u64, after_seq: u64, limit: usize) -> Page {
+fn page<T: serde::Serialize>(entries: &Segmented<T>, seq: impl Fn(&T) -> u64, after_seq: u64, limit: usize) -> Page {
     let start = entries.partition_point(|entry| seq(entry) <= after_seq);
-    let shown = &entries[start..entries.len().min(start.saturating_add(limit))];
+    let shown: Vec<&T> = entries.iter_from(start).take(limit).collect();
     let more = start + shown.len() < entries.len();
     let next_cursor = if more { shown.last().map(|entry| seq(entry).to_string()) } else { None };
-    Page { items: shown.iter().map(to_value).collect(), next_cursor }
+    Page { items: shown.into_iter().map(to_value).collect(), next_cursor }
 }
 
 pub(super) fn user_journal(inner: &Inner, user_id: &str, after_seq: u64, limit: usize) -> Option<Page> {

@@ -47,7 +47,7 @@ pub struct Merchant {
     pub payout_fee_fixed: Money,
     pub callback_url: Option<Text>,
     pub balances: MerchantBalances,
-    pub journal: Vec<MerchantEntry>,
+    pub journal: crate::segmented::Segmented<MerchantEntry>,
     /// Net credited per successful collection, for the claw-back of R-ADMIN-3.
     #[serde(with = "crate::snapshot::sorted_map")]
     pub collection_net: HashMap<Text, Money>,
@@ -174,7 +174,7 @@ impl MerchantStage {
                     payout_fee_fixed: Money::ZERO,
                     callback_url: None,
                     balances: MerchantBalances { available: Money::ZERO, payout_reserve: Money::ZERO },
-                    journal: Vec::new(),
+                    journal: Default::default(),
                     collection_net: HashMap::default(),
                     payout_payable: HashMap::default(),
                 });

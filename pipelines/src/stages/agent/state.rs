@@ -718,7 +718,7 @@ pub struct Agent {
     /// Snapshots keep each hold's debt batches, which the user view leaves out.
     #[serde(with = "crate::snapshot::holds")]
     pub holds: Vec<Hold>,
-    pub journal: Vec<JournalEntry>,
+    pub journal: crate::segmented::Segmented<JournalEntry>,
     pub status_history: Vec<StatusChange>,
     pub last_unban_at: Option<Timestamp>,
     pub subs: Vec<SubOrder>,
@@ -750,7 +750,7 @@ impl Agent {
             deferred: Money::ZERO,
             cards: BTreeMap::new(),
             holds: Vec::new(),
-            journal: Vec::new(),
+            journal: Default::default(),
             status_history: Vec::new(),
             last_unban_at: None,
             subs: Vec::new(),
