@@ -199,9 +199,29 @@ impl<T: Serialize> Serialize for Segmented<T> {
     }
 }
 
+/// Read from a list entry by entry, straight into the segments (no whole list in between: a restored
+/// journal is as large as the one written).
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Segmented<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Vec::<T>::deserialize(deserializer).map(Segmented::from_iter)
+        struct Entries<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Entries<T> {
+            type Value = Segmented<T>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a list of entries")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut entries: A) -> Result<Segmented<T>, A::Error> {
+                let mut segmented = Segmented::new();
+                while let Some(entry) = entries.next_element()? {
+                    segmented.push(entry);
+                }
+                Ok(segmented)
+            }
+        }
+
+        deserializer.deserialize_seq(Entries(std::marker::PhantomData))
     }
 }
 
