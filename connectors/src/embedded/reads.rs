@@ -346,3 +346,39 @@ pub(super) fn lag(inner: &Inner) -> u64 {
         .saturating_add(unprojected)
         .saturating_add(held)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Journal entries numbered 1..=count, as journals number theirs.
+    fn numbered(count: u64) -> Segmented<u64> {
+        (1..=count).collect()
+    }
+
+    fn shown(page: &Page) -> Vec<u64> {
+        page.items.iter().map(|item| item.as_u64().expect("a number")).collect()
+    }
+
+    #[test]
+    fn journal_pages_follow_their_cursor_across_segments() {
+        // 30 entries span the segments of 4, 8 and 16 entries and part of the next.
+        let entries = numbered(30);
+        let first = page(&entries, |seq| *seq, 0, 10);
+        assert_eq!(shown(&first), (1..=10).collect::<Vec<_>>());
+        assert_eq!(first.next_cursor.as_deref(), Some("10"));
+        let middle = page(&entries, |seq| *seq, 10, 15);
+        assert_eq!(shown(&middle), (11..=25).collect::<Vec<_>>());
+        assert_eq!(middle.next_cursor.as_deref(), Some("25"));
+        let last = page(&entries, |seq| *seq, 25, 10);
+        assert_eq!(shown(&last), (26..=30).collect::<Vec<_>>());
+        assert_eq!(last.next_cursor, None, "the last page names no next one");
+        let exact = page(&entries, |seq| *seq, 20, 10);
+        assert_eq!(shown(&exact), (21..=30).collect::<Vec<_>>());
+        assert_eq!(exact.next_cursor, None, "a page ending with the journal names no next one");
+        let past = page(&entries, |seq| *seq, 30, 10);
+        assert!(past.items.is_empty() && past.next_cursor.is_none());
+        let empty = page(&numbered(0), |seq| *seq, 0, 10);
+        assert!(empty.items.is_empty() && empty.next_cursor.is_none());
+    }
+}
