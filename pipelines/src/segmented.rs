@@ -33,14 +33,13 @@ fn segment_capacity(segment: usize) -> usize {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Segmented<T> {
     /// Segment k holds `segment_capacity(k)` entries; only the last may hold fewer, and it holds one at
-    /// least.
+    /// least. The length follows from them (see `len`).
     segments: Vec<Vec<T>>,
-    len: usize,
 }
 
 impl<T> Default for Segmented<T> {
     fn default() -> Self {
-        Segmented { segments: Vec::new(), len: 0 }
+        Segmented { segments: Vec::new() }
     }
 }
 
@@ -58,42 +57,40 @@ impl<T: Clone> Clone for Segmented<T> {
                 copy
             })
             .collect();
-        Segmented { segments, len: self.len }
+        Segmented { segments }
     }
 }
 
 impl<T> Segmented<T> {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
+    /// Entries held: the full segments before the last hold SEGMENT_FIRST × (2^k − 1), k the last's number.
     pub fn len(&self) -> usize {
-        self.len
+        match self.segments.last() {
+            Some(last) => SEGMENT_FIRST * ((1 << (self.segments.len() - 1)) - 1) + last.len(),
+            None => 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.segments.is_empty()
     }
 
     /// Appends `value`: into the last segment while it has room, else into a new segment twice its
     /// size, allocated at its full size so that it never grows (and never copies).
     pub fn push(&mut self, value: T) {
-        let full = self.segments.last().is_none_or(|last| last.len() == segment_capacity(self.segments.len() - 1));
-        if full {
-            self.segments.push(Vec::with_capacity(segment_capacity(self.segments.len())));
+        let segment_count = self.segments.len();
+        match self.segments.last_mut() {
+            Some(last) if last.len() < segment_capacity(segment_count - 1) => last.push(value),
+            _ => {
+                let mut segment = Vec::with_capacity(segment_capacity(segment_count));
+                segment.push(value);
+                self.segments.push(segment);
+            }
         }
-        let last_capacity = segment_capacity(self.segments.len() - 1);
-        if let Some(last) = self.segments.last_mut() {
-            debug_assert!(last.len() < last_capacity);
-            last.push(value);
-        }
-        self.len += 1;
     }
 
+    /// The entry at `index`; None past the end (the last segment's length bounds it, and no segment
+    /// exists after the last).
     pub fn get(&self, index: usize) -> Option<&T> {
-        if index >= self.len {
-            return None;
-        }
         let (segment, offset) = locate(index);
         self.segments.get(segment).and_then(|entries| entries.get(offset))
     }
@@ -109,27 +106,19 @@ impl<T> Segmented<T> {
 
     /// The entries from `start` on (none when `start` is past the end), in order.
     pub fn iter_from(&self, start: usize) -> Iter<'_, T> {
-        let start = start.min(self.len);
+        let len = self.len();
+        let start = start.min(len);
         let (segment, offset) = locate(start);
         let mut segments = self.segments.get(segment..).unwrap_or_default().iter();
         // The segment of `start` is entered at its offset; the ones after it are read whole.
         let current = segments.next().and_then(|entries| entries.get(offset..)).unwrap_or_default().iter();
-        Iter { segments, current, remaining: self.len - start }
+        Iter { segments, current, remaining: len - start }
     }
 
     /// The first index for which `is_before` fails, given that it holds for a prefix of the entries and
     /// fails for the rest (as `slice::partition_point`).
     pub fn partition_point(&self, mut is_before: impl FnMut(&T) -> bool) -> usize {
-        let (mut lower, mut upper) = (0, self.len);
-        while lower < upper {
-            let middle = lower + (upper - lower) / 2;
-            if self.get(middle).is_some_and(&mut is_before) {
-                lower = middle + 1;
-            } else {
-                upper = middle;
-            }
-        }
-        lower
+        crate::time_ordered::first_failing(0, self.len(), |index| self.get(index).is_some_and(&mut is_before))
     }
 }
 
@@ -173,7 +162,7 @@ impl<'a, T> IntoIterator for &'a Segmented<T> {
 
 impl<T> FromIterator<T> for Segmented<T> {
     fn from_iter<I: IntoIterator<Item = T>>(entries: I) -> Self {
-        let mut segmented = Segmented::new();
+        let mut segmented = Segmented::default();
         for entry in entries {
             segmented.push(entry);
         }
@@ -187,7 +176,7 @@ impl<T> std::ops::Index<usize> for Segmented<T> {
     fn index(&self, index: usize) -> &T {
         match self.get(index) {
             Some(entry) => entry,
-            None => panic!("index {index} out of a list of {}", self.len),
+            None => panic!("index {index} out of a list of {}", self.len()),
         }
     }
 }
@@ -213,7 +202,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Segmented<T> {
             }
 
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut entries: A) -> Result<Segmented<T>, A::Error> {
-                let mut segmented = Segmented::new();
+                let mut segmented = Segmented::default();
                 while let Some(entry) = entries.next_element()? {
                     segmented.push(entry);
                 }
@@ -243,7 +232,7 @@ mod tests {
 
     #[test]
     fn pushed_entries_are_never_moved() {
-        let mut segmented = Segmented::new();
+        let mut segmented = Segmented::default();
         segmented.push(0u64);
         let first: *const u64 = &segmented[0];
         for value in 1..10_000 {
@@ -263,7 +252,7 @@ mod tests {
         /// `partition_point`, the last entry, and the serialized bytes both ways.
         #[test]
         fn answers_like_a_vec(values in proptest::collection::vec(0u32..1_000, 0..300), probe in 0usize..320) {
-            let mut segmented = Segmented::new();
+            let mut segmented = Segmented::default();
             let mut vec = Vec::new();
             for value in &values {
                 segmented.push(*value);

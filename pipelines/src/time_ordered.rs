@@ -55,8 +55,9 @@ fn key<T: TimeKeyed>(line: &T) -> (Timestamp, &str) {
 }
 
 /// The first index in `lower..upper` for which `is_before` fails, given that it holds for a prefix of
-/// that range and fails for the rest (a binary search over indexes, for a range of a deque).
-fn first_failing(mut lower: usize, mut upper: usize, mut is_before: impl FnMut(usize) -> bool) -> usize {
+/// that range and fails for the rest (a binary search over indexes, for a range of a deque or of a
+/// [`crate::segmented::Segmented`] list).
+pub(crate) fn first_failing(mut lower: usize, mut upper: usize, mut is_before: impl FnMut(usize) -> bool) -> usize {
     while lower < upper {
         let middle = lower + (upper - lower) / 2;
         if is_before(middle) {

@@ -127,10 +127,14 @@ pub(super) fn user(inner: &Inner, user_id: &str) -> Option<Value> {
 
 fn page<T: serde::Serialize>(entries: &Segmented<T>, seq: impl Fn(&T) -> u64, after_seq: u64, limit: usize) -> Page {
     let start = entries.partition_point(|entry| seq(entry) <= after_seq);
-    let shown: Vec<&T> = entries.iter_from(start).take(limit).collect();
-    let more = start + shown.len() < entries.len();
-    let next_cursor = if more { shown.last().map(|entry| seq(entry).to_string()) } else { None };
-    Page { items: shown.into_iter().map(to_value).collect(), next_cursor }
+    let end = entries.len().min(start.saturating_add(limit));
+    let more = end < entries.len();
+    let next_cursor = if more {
+        end.checked_sub(1).and_then(|last| entries.get(last)).map(|entry| seq(entry).to_string())
+    } else {
+        None
+    };
+    Page { items: entries.iter_from(start).take(end - start).map(to_value).collect(), next_cursor }
 }
 
 pub(super) fn user_journal(inner: &Inner, user_id: &str, after_seq: u64, limit: usize) -> Option<Page> {
