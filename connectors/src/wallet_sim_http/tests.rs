@@ -202,6 +202,40 @@ async fn the_event_clock_needs_at_and_the_system_clock_stamps_it() {
     assert_eq!(system.get("/sim/v1/clock").await.1["clock"], json!("system"));
 }
 
+/// A bulk whose events put `type` first is read straight into wallet events (`pipelines::envelope`);
+/// one that puts it last is read through JSON values. Both must give the cards the same lines.
+#[tokio::test]
+async fn a_bulk_gives_the_same_lines_on_the_fast_and_the_slow_path() {
+    let server = start(SimClock::Event).await;
+    let lines = |card_id: &str| vec![line(card_id, "t1", T0), line(card_id, "t2", T0)];
+    let fast = Value::Array(lines("c1"));
+    assert!(pipelines::envelope::read_envelopes(fast.to_string().as_bytes(), 10).is_some(), "the fast path");
+    let tag_last = |mut event: Value| {
+        let object = event.as_object_mut().unwrap();
+        let tag = object.shift_remove("type").unwrap();
+        object.insert("type".to_string(), tag);
+        event
+    };
+    let slow = Value::Array(lines("c2").into_iter().map(tag_last).collect());
+    assert!(pipelines::envelope::read_envelopes(slow.to_string().as_bytes(), 10).is_none(), "the slow path");
+    assert_eq!(server.post("/sim/v1/events", &fast).await, (200, json!({"applied": 2})));
+    assert_eq!(server.post("/sim/v1/events", &slow).await, (200, json!({"applied": 2})));
+    let (page_one, page_two) =
+        (server.get("/v1/cards/c1/transactions").await, server.get("/v1/cards/c2/transactions").await);
+    assert_eq!((page_one.0, page_two.0), (200, 200));
+    assert_eq!(page_one.1["transactions"], page_two.1["transactions"]);
+    assert_eq!(server.txn_ids("c1").await, ["t2", "t1"], "newest first");
+
+    // Undated: the event clock refuses it by name (the slow path), the system clock stamps it.
+    let mut undated = line("c3", "t3", T0);
+    undated.as_object_mut().unwrap().remove("at");
+    let (status, body) = server.post("/sim/v1/events", &json!([undated.clone()])).await;
+    assert_eq!((status, body["field"].as_str(), body["index"].as_u64()), (400, Some("at"), Some(0)));
+    let system = start(SimClock::System).await;
+    assert_eq!(system.post("/sim/v1/events", &json!([undated])).await, (200, json!({"applied": 1})));
+    assert_eq!(system.txn_ids("c3").await, ["t3"]);
+}
+
 #[tokio::test]
 async fn malformed_and_oversized_batches_are_refused_whole() {
     let server = start(SimClock::Event).await;

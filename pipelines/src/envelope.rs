@@ -1,0 +1,296 @@
+//! Inputs read straight from JSON text, without a tree of JSON values first: the fast path of the
+//! services' bulk requests (`POST /v1/events` of `paisa serve`, `POST /sim/v1/events` of `paisa
+//! wallet-sim`).
+//!
+//! Why: those requests parsed every body into `serde_json::Value`s (each object a map with its own
+//! allocations, each key and string copied) and then read the input from the map. In the serve
+//! benchmark that was ≈ a quarter of the simulator's CPU time and ≈ 4 % of the service's, on the
+//! path every bulk request waits for.
+//!
+//! How: an event object is read key by key. `at` and `event_id` (the envelope) are kept wherever they
+//! are; the command's tag (`type`) must come before the command's fields, as everything this system
+//! writes puts it (serde writes an `Input` as `event_id`, `at`, `type`, then the fields). From the tag
+//! on, the remaining entries go straight to the variant's own `Deserialize`, with the envelope's keys
+//! taken out on the way ([`crate::decode`] does the same for records).
+//!
+//! Only the fast path: anything else (the tag after a field, a key given twice, a malformed or
+//! unknown field, more events than allowed) makes [`read_envelopes`] answer `None`, and the caller
+//! reads the body the way it always did, which names the faulty field and the event's index. A body is
+//! read entirely one way or the other, so the answer to a request does not depend on the path.
+
+use crate::decode::Tagged;
+use crate::input::Command;
+use crate::time::Timestamp;
+use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+
+/// One event object as given: its envelope (either part may be absent or null) and its command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envelope {
+    pub at: Option<Timestamp>,
+    pub event_id: Option<String>,
+    pub command: Command,
+}
+
+/// Reads a body holding an array of at most `events_max` event objects (a bulk request). None when the
+/// body is anything else, or does not read on the fast path (see the module's documentation). A single
+/// object is left to the slow path: it is one event, and its errors are named without an index.
+pub fn read_envelopes(body: &[u8], events_max: usize) -> Option<Vec<Envelope>> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let envelopes = deserializer.deserialize_seq(BodyVisitor { events_max }).ok()?;
+    // Trailing bytes other than whitespace are malformed JSON: the slow path says so.
+    deserializer.end().ok()?;
+    Some(envelopes)
+}
+
+/// An envelope key, or the key of a command field (already read by the variant's field seed).
+enum Key<Field> {
+    At,
+    EventId,
+    Type,
+    Field(Field),
+}
+
+/// The envelope's parts met so far. A part given twice is refused: JSON values would keep the last,
+/// the fast path does not decide that.
+#[derive(Default)]
+struct Parts {
+    at: Option<Option<Timestamp>>,
+    event_id: Option<Option<String>>,
+}
+
+impl Parts {
+    /// Reads the value of envelope key `key` from `map`.
+    fn read<'de, A: MapAccess<'de>, F>(&mut self, key: &Key<F>, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            Key::At if self.at.is_none() => self.at = Some(map.next_value()?),
+            Key::EventId if self.event_id.is_none() => self.event_id = Some(map.next_value()?),
+            Key::At => return Err(A::Error::duplicate_field("at")),
+            Key::EventId => return Err(A::Error::duplicate_field("event_id")),
+            Key::Type => return Err(A::Error::duplicate_field("type")),
+            Key::Field(_) => return Err(A::Error::custom("a command field before `type`")),
+        }
+        Ok(())
+    }
+}
+
+/// Reads a key without allocating: an envelope key, or (by `field`) one of the command's fields.
+struct KeySeed<Seed> {
+    field: Seed,
+}
+
+impl<'de, Seed: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<Seed> {
+    type Value = (Key<Seed::Value>, Option<Seed>);
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de, Seed: DeserializeSeed<'de>> Visitor<'de> for KeySeed<Seed> {
+    /// The key, and the field seed back when the key was the envelope's (it is needed for the next).
+    type Value = (Key<Seed::Value>, Option<Seed>);
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a key")
+    }
+
+    fn visit_str<E: Error>(self, key: &str) -> Result<Self::Value, E> {
+        match key {
+            "at" => Ok((Key::At, Some(self.field))),
+            "event_id" => Ok((Key::EventId, Some(self.field))),
+            "type" => Ok((Key::Type, Some(self.field))),
+            _ => {
+                let field = self.field.deserialize(serde::de::value::StrDeserializer::<E>::new(key))?;
+                Ok((Key::Field(field), None))
+            }
+        }
+    }
+}
+
+/// A seed that reads any key as nothing: the keys met before the tag, when no command field is
+/// expected yet (a command field there refuses the fast path).
+struct NoField;
+
+impl<'de> DeserializeSeed<'de> for NoField {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        Ok(())
+    }
+}
+
+/// The entries after the tag, as the variant reads them: the envelope's keys are taken out into
+/// `parts` on the way.
+struct CommandFields<'parts, A> {
+    map: A,
+    parts: &'parts mut Parts,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for CommandFields<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        let mut seed = seed;
+        loop {
+            match self.map.next_key_seed(KeySeed { field: seed })? {
+                None => return Ok(None),
+                Some((Key::Field(field), _)) => return Ok(Some(field)),
+                Some((key, Some(returned))) => {
+                    self.parts.read(&key, &mut self.map)?;
+                    seed = returned;
+                }
+                // Only a field key keeps the seed, and that case returned above.
+                Some((_, None)) => return Err(A::Error::custom("a key without its seed")),
+            }
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// One event object.
+struct EnvelopeSeed;
+
+impl<'de> DeserializeSeed<'de> for EnvelopeSeed {
+    type Value = Envelope;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Envelope, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EnvelopeSeed {
+    type Value = Envelope;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("an event object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
+        let mut parts = Parts::default();
+        loop {
+            let Some((key, _)) = map.next_key_seed(KeySeed { field: NoField })? else {
+                return Err(A::Error::missing_field("type"));
+            };
+            if !matches!(key, Key::Type) {
+                parts.read(&key, &mut map)?;
+                continue;
+            }
+            let index = map.next_value_seed(crate::decode::VariantSeed(Command::VARIANTS))?;
+            let fields = CommandFields { map, parts: &mut parts };
+            let command = Command::variant(index, serde::de::value::MapAccessDeserializer::new(fields))?;
+            return Ok(Envelope { at: parts.at.flatten(), event_id: parts.event_id.flatten(), command });
+        }
+    }
+}
+
+/// A body: an array of at most `events_max` event objects.
+struct BodyVisitor {
+    events_max: usize,
+}
+
+impl<'de> Visitor<'de> for BodyVisitor {
+    type Value = Vec<Envelope>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("an array of event objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Envelope>, A::Error> {
+        let mut envelopes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.events_max));
+        while let Some(envelope) = seq.next_element_seed(EnvelopeSeed)? {
+            if envelopes.len() == self.events_max {
+                return Err(A::Error::custom("too many events"));
+            }
+            envelopes.push(envelope);
+        }
+        Ok(envelopes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{parse_line, Parsed};
+
+    /// The slow path's reading of one event object (`parse_line`, as `paisa replay` reads a line).
+    fn slow(text: &str) -> Option<Envelope> {
+        match parse_line(text, || "default".to_string()).ok()? {
+            Parsed::Input(input) => Some(Envelope {
+                at: Some(input.at),
+                event_id: Some(input.event_id.to_string()),
+                command: input.command,
+            }),
+            Parsed::Config(_) => None,
+        }
+    }
+
+    #[test]
+    fn reads_every_workload_input_as_the_slow_path_does() {
+        let inputs = crate::workload::workload(60, 3);
+        let texts: Vec<String> = inputs.iter().map(|input| serde_json::to_string(input).expect("JSON")).collect();
+        let body = format!("[{}]", texts.join(","));
+        let envelopes = read_envelopes(body.as_bytes(), texts.len()).expect("the fast path reads the workload");
+        assert_eq!(envelopes.len(), inputs.len());
+        let mut types = std::collections::BTreeSet::new();
+        for (text, envelope) in texts.iter().zip(&envelopes) {
+            assert_eq!(Some(envelope), slow(text).as_ref(), "{text}");
+            types.insert(envelope.command.type_name());
+        }
+        assert!(types.len() >= 10, "the workload covers many command types: {types:?}");
+        // One object alone, not in an array, is the slow path's.
+        assert_eq!(read_envelopes(texts[0].as_bytes(), 1), None);
+        assert_eq!(read_envelopes(format!("[{}]", texts[0]).as_bytes(), 1), Some(vec![envelopes[0].clone()]));
+    }
+
+    #[test]
+    fn keeps_the_envelope_wherever_it_is_and_leaves_absent_parts_absent() {
+        let text = r#"{"type":"merchant_deposit","merchant_id":"m1","at":"2026-03-02T10:00:00Z","amount":"10.00"}"#;
+        let envelope = &read_envelopes(format!("[{text}]").as_bytes(), 1).expect("read")[0];
+        assert_eq!(envelope.at, Timestamp::parse("2026-03-02T10:00:00Z"));
+        assert_eq!(envelope.event_id, None);
+        assert_eq!(envelope.command.type_name(), "merchant_deposit");
+        let text = r#"{"event_id":null,"at":null,"type":"merchant_deposit","merchant_id":"m1","amount":"10.00"}"#;
+        let envelope = &read_envelopes(format!("[{text}]").as_bytes(), 1).expect("read")[0];
+        assert_eq!((envelope.at, envelope.event_id.as_deref()), (None, None));
+        let text = r#"{"type":"merchant_deposit","merchant_id":"m1","amount":"10.00","event_id":"e9"}"#;
+        let envelope = &read_envelopes(format!("[{text}]").as_bytes(), 1).expect("read")[0];
+        assert_eq!(envelope.event_id.as_deref(), Some("e9"));
+    }
+
+    #[test]
+    fn leaves_everything_unusual_to_the_slow_path() {
+        let deposit = r#""type":"merchant_deposit","merchant_id":"m1","amount":"10.00""#;
+        let refused = [
+            // The tag after a command field (the slow path reads it).
+            r#"{"merchant_id":"m1","type":"merchant_deposit","amount":"10.00"}"#.to_string(),
+            // Envelope keys given twice, and the tag twice.
+            format!(r#"{{"at":"2026-03-02T10:00:00Z","at":"2026-03-02T10:00:01Z",{deposit}}}"#),
+            format!(r#"{{"event_id":"a",{deposit},"event_id":"b"}}"#),
+            format!(r#"{{{deposit},"type":"merchant_deposit"}}"#),
+            // Malformed or mistyped parts, unknown fields and types, no tag.
+            format!(r#"{{"at":"yesterday",{deposit}}}"#),
+            format!(r#"{{"event_id":7,{deposit}}}"#),
+            format!(r#"{{{deposit},"colour":"blue"}}"#),
+            r#"{"type":"config","crawl_timeout_s":5}"#.to_string(),
+            r#"{"type":"no_such_type"}"#.to_string(),
+            r#"{"merchant_id":"m1"}"#.to_string(),
+            // Not an event object, or not JSON.
+            "1".to_string(),
+            "\"text\"".to_string(),
+            format!("{{{deposit}}}] trailing ["),
+            format!("{{{deposit}"),
+        ];
+        for event in &refused {
+            let body = format!("[{event}]");
+            assert_eq!(read_envelopes(body.as_bytes(), 10), None, "{body}");
+        }
+        let two = format!("[{{{deposit}}},{{{deposit}}}]");
+        assert_eq!(read_envelopes(two.as_bytes(), 2).map(|envelopes| envelopes.len()), Some(2));
+        assert_eq!(read_envelopes(two.as_bytes(), 1), None, "more events than allowed");
+        assert_eq!(read_envelopes(b"[]", 1), Some(Vec::new()));
+    }
+}
