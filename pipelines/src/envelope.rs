@@ -43,11 +43,18 @@ pub fn read_envelopes(body: &[u8], events_max: usize) -> Option<Vec<Envelope>> {
     Some(envelopes)
 }
 
-/// An envelope key, or the key of a command field (already read by the variant's field seed).
-enum Key<Field> {
+/// A key of the envelope, or the command's tag.
+#[derive(Clone, Copy)]
+enum EnvelopeKey {
     At,
     EventId,
     Type,
+}
+
+/// What a key was: the envelope's (the field seed handed back, unused, for the next key), or one of
+/// the command's fields, read by that seed.
+enum KeyRead<Field, Seed> {
+    Envelope(EnvelopeKey, Seed),
     Field(Field),
 }
 
@@ -60,15 +67,14 @@ struct Parts {
 }
 
 impl Parts {
-    /// Reads the value of envelope key `key` from `map`.
-    fn read<'de, A: MapAccess<'de>, F>(&mut self, key: &Key<F>, map: &mut A) -> Result<(), A::Error> {
+    /// Reads the value of envelope key `key` from `map` (the tag is read by the caller, once).
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: EnvelopeKey, map: &mut A) -> Result<(), A::Error> {
         match key {
-            Key::At if self.at.is_none() => self.at = Some(map.next_value()?),
-            Key::EventId if self.event_id.is_none() => self.event_id = Some(map.next_value()?),
-            Key::At => return Err(A::Error::duplicate_field("at")),
-            Key::EventId => return Err(A::Error::duplicate_field("event_id")),
-            Key::Type => return Err(A::Error::duplicate_field("type")),
-            Key::Field(_) => return Err(A::Error::custom("a command field before `type`")),
+            EnvelopeKey::At if self.at.is_none() => self.at = Some(map.next_value()?),
+            EnvelopeKey::EventId if self.event_id.is_none() => self.event_id = Some(map.next_value()?),
+            EnvelopeKey::At => return Err(A::Error::duplicate_field("at")),
+            EnvelopeKey::EventId => return Err(A::Error::duplicate_field("event_id")),
+            EnvelopeKey::Type => return Err(A::Error::duplicate_field("type")),
         }
         Ok(())
     }
@@ -80,7 +86,7 @@ struct KeySeed<Seed> {
 }
 
 impl<'de, Seed: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<Seed> {
-    type Value = (Key<Seed::Value>, Option<Seed>);
+    type Value = KeyRead<Seed::Value, Seed>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_str(self)
@@ -88,23 +94,20 @@ impl<'de, Seed: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<Seed> {
 }
 
 impl<'de, Seed: DeserializeSeed<'de>> Visitor<'de> for KeySeed<Seed> {
-    /// The key, and the field seed back when the key was the envelope's (it is needed for the next).
-    type Value = (Key<Seed::Value>, Option<Seed>);
+    type Value = KeyRead<Seed::Value, Seed>;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("a key")
     }
 
     fn visit_str<E: Error>(self, key: &str) -> Result<Self::Value, E> {
-        match key {
-            "at" => Ok((Key::At, Some(self.field))),
-            "event_id" => Ok((Key::EventId, Some(self.field))),
-            "type" => Ok((Key::Type, Some(self.field))),
-            _ => {
-                let field = self.field.deserialize(serde::de::value::StrDeserializer::<E>::new(key))?;
-                Ok((Key::Field(field), None))
-            }
-        }
+        let envelope_key = match key {
+            "at" => EnvelopeKey::At,
+            "event_id" => EnvelopeKey::EventId,
+            "type" => EnvelopeKey::Type,
+            _ => return self.field.deserialize(serde::de::value::StrDeserializer::<E>::new(key)).map(KeyRead::Field),
+        };
+        Ok(KeyRead::Envelope(envelope_key, self.field))
     }
 }
 
@@ -135,13 +138,11 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for CommandFields<'_, A> {
         loop {
             match self.map.next_key_seed(KeySeed { field: seed })? {
                 None => return Ok(None),
-                Some((Key::Field(field), _)) => return Ok(Some(field)),
-                Some((key, Some(returned))) => {
-                    self.parts.read(&key, &mut self.map)?;
+                Some(KeyRead::Field(field)) => return Ok(Some(field)),
+                Some(KeyRead::Envelope(key, returned)) => {
+                    self.parts.read(key, &mut self.map)?;
                     seed = returned;
                 }
-                // Only a field key keeps the seed, and that case returned above.
-                Some((_, None)) => return Err(A::Error::custom("a key without its seed")),
             }
         }
     }
@@ -171,19 +172,19 @@ impl<'de> Visitor<'de> for EnvelopeSeed {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
         let mut parts = Parts::default();
+        // The envelope's keys up to the tag; a command field before it leaves the event to the slow path.
         loop {
-            let Some((key, _)) = map.next_key_seed(KeySeed { field: NoField })? else {
-                return Err(A::Error::missing_field("type"));
-            };
-            if !matches!(key, Key::Type) {
-                parts.read(&key, &mut map)?;
-                continue;
+            match map.next_key_seed(KeySeed { field: NoField })? {
+                None => return Err(A::Error::missing_field("type")),
+                Some(KeyRead::Field(())) => return Err(A::Error::custom("a command field before `type`")),
+                Some(KeyRead::Envelope(EnvelopeKey::Type, NoField)) => break,
+                Some(KeyRead::Envelope(key, NoField)) => parts.read(key, &mut map)?,
             }
-            let index = map.next_value_seed(crate::decode::VariantSeed(Command::VARIANTS))?;
-            let fields = CommandFields { map, parts: &mut parts };
-            let command = Command::variant(index, serde::de::value::MapAccessDeserializer::new(fields))?;
-            return Ok(Envelope { at: parts.at.flatten(), event_id: parts.event_id.flatten(), command });
         }
+        let index = map.next_value_seed(crate::decode::VariantSeed(Command::VARIANTS))?;
+        let fields = CommandFields { map, parts: &mut parts };
+        let command = Command::variant(index, serde::de::value::MapAccessDeserializer::new(fields))?;
+        Ok(Envelope { at: parts.at.flatten(), event_id: parts.event_id.flatten(), command })
     }
 }
 

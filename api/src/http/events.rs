@@ -98,11 +98,8 @@ fn input_of(envelope: Envelope, caller: &Caller, now: Option<Timestamp>, event_i
     // As `set_event_id`.
     let event_id = match envelope.event_id {
         None => generated_event_id(),
-        Some(id) if id.is_empty() || id.len() > event_id_bytes_max => return None,
-        Some(id) => match caller.merchant() {
-            Some(merchant_id) => format!("merchant:{merchant_id}:{id}"),
-            None => id,
-        },
+        Some(id) if !event_id_fits(&id, event_id_bytes_max) => return None,
+        Some(id) => caller_event_id(caller, id),
     };
     Some(Input { event_id: event_id.into(), at, command: envelope.command })
 }
@@ -231,18 +228,27 @@ fn set_time(object: &mut Map<String, Value>, now: Option<Timestamp>) -> Result<(
 fn set_event_id(object: &mut Map<String, Value>, caller: &Caller, event_id_bytes_max: usize) -> Result<(), ApiError> {
     let event_id = match object.get("event_id") {
         None | Some(Value::Null) => generated_event_id(),
-        Some(Value::String(id)) if id.is_empty() || id.len() > event_id_bytes_max => {
+        Some(Value::String(id)) if !event_id_fits(id, event_id_bytes_max) => {
             let message = format!("`event_id` must have 1 to {event_id_bytes_max} bytes");
             return Err(ApiError::invalid_field("event_id", message));
         }
-        Some(Value::String(id)) => match caller.merchant() {
-            Some(merchant_id) => format!("merchant:{merchant_id}:{id}"),
-            None => id.clone(),
-        },
+        Some(Value::String(id)) => caller_event_id(caller, id.clone()),
         Some(_) => return Err(ApiError::invalid_field("event_id", "`event_id` must be a string")),
     };
     object.insert("event_id".to_string(), Value::String(event_id));
     Ok(())
+}
+
+fn event_id_fits(id: &str, event_id_bytes_max: usize) -> bool {
+    (1..=event_id_bytes_max).contains(&id.len())
+}
+
+/// A given event id as the log keeps it: a merchant's in its merchant's namespace.
+fn caller_event_id(caller: &Caller, id: String) -> String {
+    match caller.merchant() {
+        Some(merchant_id) => format!("merchant:{merchant_id}:{id}"),
+        None => id,
+    }
 }
 
 /// `api:` and 128 random bits: unique without coordination between servers.
