@@ -21,8 +21,9 @@
 use crate::decode::Tagged;
 use crate::input::Command;
 use crate::time::Timestamp;
-use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
+use std::marker::PhantomData;
 
 /// One event object as given: its envelope (either part may be absent or null) and its command.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,7 +45,6 @@ pub fn read_envelopes(body: &[u8], events_max: usize) -> Option<Vec<Envelope>> {
 }
 
 /// A key of the envelope, or the command's tag.
-#[derive(Clone, Copy)]
 enum EnvelopeKey {
     At,
     EventId,
@@ -111,18 +111,6 @@ impl<'de, Seed: DeserializeSeed<'de>> Visitor<'de> for KeySeed<Seed> {
     }
 }
 
-/// A seed that reads any key as nothing: the keys met before the tag, when no command field is
-/// expected yet (a command field there refuses the fast path).
-struct NoField;
-
-impl<'de> DeserializeSeed<'de> for NoField {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
-        Ok(())
-    }
-}
-
 /// The entries after the tag, as the variant reads them: the envelope's keys are taken out into
 /// `parts` on the way.
 struct CommandFields<'parts, A> {
@@ -172,13 +160,14 @@ impl<'de> Visitor<'de> for EnvelopeSeed {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
         let mut parts = Parts::default();
-        // The envelope's keys up to the tag; a command field before it leaves the event to the slow path.
+        // The envelope's keys up to the tag; a command field before it (no field is expected yet: its
+        // key is read as nothing) leaves the event to the slow path.
         loop {
-            match map.next_key_seed(KeySeed { field: NoField })? {
+            match map.next_key_seed(KeySeed { field: PhantomData::<IgnoredAny> })? {
                 None => return Err(A::Error::missing_field("type")),
-                Some(KeyRead::Field(())) => return Err(A::Error::custom("a command field before `type`")),
-                Some(KeyRead::Envelope(EnvelopeKey::Type, NoField)) => break,
-                Some(KeyRead::Envelope(key, NoField)) => parts.read(key, &mut map)?,
+                Some(KeyRead::Field(_)) => return Err(A::Error::custom("a command field before `type`")),
+                Some(KeyRead::Envelope(EnvelopeKey::Type, _)) => break,
+                Some(KeyRead::Envelope(key, _)) => parts.read(key, &mut map)?,
             }
         }
         let index = map.next_value_seed(crate::decode::VariantSeed(Command::VARIANTS))?;
