@@ -16,6 +16,11 @@
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
 //! (`inputs.jsonl`, for `paisa replay`) there.
 //!
+//! Last, once the outputs are compared, `BENCH_POSTERS` clients (default 16) each post
+//! `BENCH_POSTS_PER_CLIENT` (default 250) events one per request, at the same time, as merchants and
+//! agents do: the events/s and latency of concurrent small requests, whose commits the service shares
+//! (`user_registered` of new agents, so that no order of arrival changes what they mean).
+//!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
 //! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
 //! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
@@ -318,4 +323,51 @@ fn main() {
         std::fs::write(format!("{directory}/inputs.jsonl"), lines.join("\n") + "\n").expect("the inputs written");
     }
     println!("outputs of paisa replay of the same events: {:?}", replay_outputs(&inputs));
+    let last_at = inputs.last().map(|input| serde_json::to_value(input).expect("JSON")["at"].clone());
+    post_concurrently(&serve.base, last_at.unwrap_or(Value::Null));
+}
+
+/// Posts `user_registered` events one per request from concurrent clients, and prints the events/s and
+/// the requests' latency percentiles.
+fn post_concurrently(serve: &str, at: Value) {
+    let posters = env_usize("BENCH_POSTERS", 16);
+    let per_poster = env_usize("BENCH_POSTS_PER_CLIENT", 250);
+    let barrier = Arc::new(std::sync::Barrier::new(posters + 1));
+    let threads: Vec<_> = (0..posters)
+        .map(|poster| {
+            let (serve, at, barrier) = (serve.to_string(), at.clone(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let client = http_client();
+                barrier.wait();
+                let mut latencies = Vec::with_capacity(per_poster);
+                for index in 0..per_poster {
+                    let id = format!("concurrent-{poster}-{index}");
+                    let event = serde_json::json!({
+                        "type": "user_registered", "event_id": id, "at": at, "user_id": id, "telegram_bound": true
+                    });
+                    let start = Instant::now();
+                    let response = client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&event).send();
+                    let response = response.expect("serve");
+                    assert_eq!(response.status().as_u16(), 202, "{}", response.text().unwrap_or_default());
+                    latencies.push(start.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let mut latencies: Vec<Duration> =
+        threads.into_iter().flat_map(|thread| thread.join().expect("a poster")).collect();
+    let elapsed = started.elapsed();
+    latencies.sort();
+    println!(
+        "POST /v1/events one event per request, {posters} clients at once: {} events in {:.2} s → {:.0} events/s, \
+         p50 {:.2} ms, p99 {:.2} ms",
+        latencies.len(),
+        elapsed.as_secs_f64(),
+        latencies.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3
+    );
 }

@@ -205,7 +205,8 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Ingests inputs atomically: for each event id not ingested before, assigns the next ingestion
     /// position and appends the records `encode(index, position)` returns; event ids seen before get
-    /// their first position back and nothing is appended.
+    /// their first position back and nothing is appended. Returns once the inputs are durable (for an
+    /// event id seen before, once its first ingestion is).
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError>;
     /// The ingestion position of an event id ingested before.
     fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError>;
@@ -322,7 +323,8 @@ pub struct Ingested {
     pub keys: KeyOwners,
     /// Keys that belong to one owner forever (a card to its agent, SPEC §4): if one is recorded with
     /// another owner, the whole ingestion fails with [`RuntimeError::Invalid`] and nothing is appended.
-    /// Checked in the ingesting transaction, so two requests racing for one card cannot both pass.
+    /// Checked as the ingestion is prepared, one request at a time, so two requests racing for one card
+    /// cannot both pass.
     pub exclusive_keys: KeyOwners,
     /// The input's `at` in milliseconds (stores that record the largest one, see
     /// [`Store::ingested_at_max_ms`]).
