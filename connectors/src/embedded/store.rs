@@ -247,9 +247,9 @@ fn decode_journal(bytes: &[u8]) -> Result<Vec<JournalEntry>, RuntimeError> {
 /// A committer may queue batches without waiting (`Store::submit`), so that its next batch joins the
 /// group formed while its last one is written; each batch names the offsets it consumed from, and a
 /// batch queued behind a failed one of its consumer fails with it (`WriteBatch::expected_offsets`).
-/// A request's ingestion joins the groups too ([`Queued::ingestion`]). Measured before (serve
-/// benchmark, ≈ 600 inputs per request): it waited ≈ 2.75 ms for the writer, then committed alone
-/// (≈ 3.6 ms of redb's commit work) while the processing rounds queued behind it.
+/// A request's ingestion joins the groups too ([`Queued::ingestion`]), so concurrent requests share
+/// commits: 16 clients posting one event per request, ≈ 4,100–4,400 events/s against ≈ 850–1,050 when
+/// each request committed a transaction of its own under the ingestion lock (serve benchmark).
 #[derive(Default)]
 struct GroupCommit {
     state: std::sync::Mutex<GroupState>,
