@@ -485,7 +485,8 @@ fn concurrent_posts_across_sigkills_are_each_applied_once() {
         let deadline = Instant::now() + QUIESCENCE_TIMEOUT;
         for sixths in 1..=4 {
             while accepted.load(std::sync::atomic::Ordering::SeqCst) < 192 * sixths / 6 {
-                // A poster that failed stops answering; its panic is reported when the scope joins it.
+                // A poster that stopped (done, or failed: its panic is reported when the scope joins
+                // it) ends the wait, so that the test cannot hang.
                 if Instant::now() > deadline || posters.iter().any(|poster| poster.is_finished()) {
                     break;
                 }

@@ -508,16 +508,12 @@ impl RedbStore {
         ticket
     }
 
-    /// Refuses to ingest once an ingestion failed to commit: the index holds inputs that are not
-    /// durable, and only a restart, which rebuilds it from the journal, brings the two together again.
-    fn refuse_after_failed_ingestion(&self) -> Result<(), RuntimeError> {
-        self.refuse_after_failed_ingestion_at(u64::MAX)
-    }
-
-    /// An error if the ingestion of `ticket` (or one before it) failed.
-    fn refuse_after_failed_ingestion_at(&self, ticket: u64) -> Result<(), RuntimeError> {
+    /// An error if the ingestion of `ticket` or one before it failed to commit (any ticket: None). The
+    /// index then holds inputs that are not durable, and only a restart, which rebuilds it from the
+    /// journal, brings the two together again, so no ingestion is taken until then.
+    fn refuse_after_failed_ingestion(&self, ticket: Option<u64>) -> Result<(), RuntimeError> {
         match lock(&self.group).ingestion_failed_from {
-            Some(failed) if failed <= ticket => Err(fatal(format!(
+            Some(failed) if ticket.is_none_or(|ticket| failed <= ticket) => Err(fatal(format!(
                 "the ingestion of ticket {failed} failed to commit: restart the service to ingest again"
             ))),
             _ => Ok(()),
@@ -816,7 +812,7 @@ impl Store for RedbStore {
     fn ingest(&self, event_ids: &[&str], encode: &mut IngestEncoder<'_>) -> Result<Vec<Appended>, RuntimeError> {
         let (ticket, outcomes) = {
             let mut last_ingestion = self.ingesting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.refuse_after_failed_ingestion()?;
+            self.refuse_after_failed_ingestion(None)?;
             let prepared = self.prepare_ingestion(event_ids, encode)?;
             if !prepared.journal.is_empty() {
                 let ingestion = IngestionWrite {
@@ -837,7 +833,7 @@ impl Store for RedbStore {
             return Ok(outcomes);
         }
         self.wait_for(Submission::Queued { ticket })?;
-        self.refuse_after_failed_ingestion_at(ticket)?;
+        self.refuse_after_failed_ingestion(Some(ticket))?;
         Ok(outcomes)
     }
 
@@ -1370,7 +1366,9 @@ mod tests {
                     sender.send((name, outcome, durable_records(store))).expect("sent");
                 });
                 // The first is queued (and merged) before the retry is checked.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
                 while name == "first" && store.event_position("e1").expect("a lookup").is_none() {
+                    assert!(std::time::Instant::now() < deadline, "the first binding was never queued");
                     std::thread::yield_now();
                 }
             }
