@@ -323,19 +323,18 @@ fn main() {
         std::fs::write(format!("{directory}/inputs.jsonl"), lines.join("\n") + "\n").expect("the inputs written");
     }
     println!("outputs of paisa replay of the same events: {:?}", replay_outputs(&inputs));
-    let last_at = inputs.last().map(|input| serde_json::to_value(input).expect("JSON")["at"].clone());
-    post_concurrently(&serve.base, last_at.unwrap_or(Value::Null));
+    post_concurrently(&serve.base, inputs.last().map(|input| input.at));
 }
 
 /// Posts `user_registered` events one per request from concurrent clients, and prints the events/s and
 /// the requests' latency percentiles.
-fn post_concurrently(serve: &str, at: Value) {
+fn post_concurrently(serve: &str, at: Option<pipelines::Timestamp>) {
     let posters = env_usize("BENCH_POSTERS", 16);
     let per_poster = env_usize("BENCH_POSTS_PER_CLIENT", 250);
     let barrier = Arc::new(std::sync::Barrier::new(posters + 1));
     let threads: Vec<_> = (0..posters)
         .map(|poster| {
-            let (serve, at, barrier) = (serve.to_string(), at.clone(), Arc::clone(&barrier));
+            let (serve, barrier) = (serve.to_string(), Arc::clone(&barrier));
             std::thread::spawn(move || {
                 let client = http_client();
                 barrier.wait();

@@ -1300,30 +1300,30 @@ mod tests {
     fn an_ingestion_commits_in_a_group_with_processing_batches_or_not_at_all() {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let store = RedbStore::open(directory.path()).expect("the store opens");
-        let ingest = |event_id: &str| {
-            store.ingest(&[event_id], &mut |_, position| {
+        let ingest = |store: &RedbStore, event_ids: &[&str]| {
+            store.ingest(event_ids, &mut |index, position| {
                 Ok(Ingested {
                     records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
-                    keys: vec![(format!("order:{event_id}"), "m1".to_string())],
+                    keys: vec![(format!("order:{}", event_ids[index]), "m1".to_string())],
                     ..Ingested::default()
                 })
             })
         };
         // Queued first and not waited for: the ingestion leads the group that writes both.
         let processing = store.submit(consumed(0, 1));
-        assert_eq!(ingest("e1").expect("ingested"), vec![Appended::New { position: 0 }]);
+        assert_eq!(ingest(&store, &["e1"]).expect("ingested"), vec![Appended::New { position: 0 }]);
         assert_eq!(lock(&store.group).written_through, 2, "the ingestion's group wrote the batch before it");
         store.wait_for(processing).expect("the batch committed with it");
         assert_eq!((store.head("output").expect("a head"), store.committed("consumer").expect("an offset")), (1, 1));
 
         // A batch that fails (its consumer is at 1, not 5) fails the ingestion in its group.
         let failing = store.submit(consumed(5, 6));
-        let failed = ingest("e2");
+        let failed = ingest(&store, &["e2"]);
         assert!(matches!(&failed, Err(RuntimeError::Fatal(message)) if message.contains("is at 1")), "{failed:?}");
         assert!(store.wait_for(failing).is_err());
         assert_eq!(store.head("order-0").expect("a head"), 1, "nothing of the failed ingestion was appended");
         // Its inputs were merged into the index when queued: no ingestion is taken until a restart.
-        let refused = ingest("e3");
+        let refused = ingest(&store, &["e3"]);
         assert!(matches!(&refused, Err(RuntimeError::Fatal(message)) if message.contains("restart")), "{refused:?}");
         assert_eq!(store.head("order-0").expect("a head"), 1);
         store.commit(consumed(1, 2)).expect("processing batches still commit");
@@ -1331,12 +1331,7 @@ mod tests {
         // Reopened, the store has the index of what committed; e2's position goes to the next input.
         drop(store);
         let store = RedbStore::open(directory.path()).expect("the store opens again");
-        let ingested = store.ingest(&["e3", "e1"], &mut |_, position| {
-            Ok(Ingested {
-                records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
-                ..Ingested::default()
-            })
-        });
+        let ingested = ingest(&store, &["e3", "e1"]);
         assert_eq!(ingested.expect("ingested"), [Appended::New { position: 1 }, Appended::Duplicate { position: 0 }]);
         let positions: Vec<Option<u64>> =
             ["e1", "e2", "e3"].iter().map(|event_id| store.event_position(event_id).expect("a lookup")).collect();
