@@ -7,6 +7,7 @@
 mod auth;
 mod error;
 mod events;
+mod metrics;
 mod reads;
 #[cfg(test)]
 mod tests;
@@ -78,6 +79,8 @@ pub struct ApiState {
     last_stamp_millis: Arc<AtomicI64>,
     /// Where writes go when this instance does not ingest (`--ingest-url`), see [`forward_writes`].
     forward_writes_to: Option<Forwarder>,
+    /// What `GET /metrics` shows (requests by route, their durations).
+    metrics: Arc<metrics::Metrics>,
 }
 
 /// The instance that ingests, as a `--no-ingest` instance forwards writes to it.
@@ -102,6 +105,7 @@ impl ApiState {
             limits,
             last_stamp_millis: Arc::new(AtomicI64::new(0)),
             forward_writes_to: None,
+            metrics: Arc::new(metrics::Metrics::new()),
         }
     }
 
@@ -138,10 +142,12 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::scrape))
         .merge(v1)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_bytes_max))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::record_request))
         .layer(
             // One span and one response event per request at INFO, so the default filter shows them.
             TraceLayer::new_for_http()

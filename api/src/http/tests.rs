@@ -722,3 +722,58 @@ async fn wrong_methods_unknown_routes_and_busy_pipelines_answer_json() {
     server.admin_post("/v1/events", deposit(json!("1.00"))).await.refused(503, "unavailable", None);
     assert_eq!(server.appended_count(), 0);
 }
+
+#[tokio::test]
+async fn metrics_count_and_time_requests_by_route_template_for_the_admin_only() {
+    let server = start(ClockMode::System).await;
+    assert_eq!(server.get("/v1/orders/o1", Some(ADMIN)).await.status, 200);
+    assert_eq!(server.get("/v1/orders/o2", Some(ADMIN)).await.status, 200);
+    server.get("/v1/orders/o9", Some(ADMIN)).await.refused(404, "unknown_order", Some("order_id"));
+    server.get("/v1/nothing-here/o1", Some(ADMIN)).await.refused(404, "not_found", None);
+    let custom_method = reqwest::Method::from_bytes(b"FETCH").unwrap();
+    server.send(server.client.request(custom_method, format!("{}/v1/orders/o1", server.base)), Some(ADMIN)).await;
+
+    let scrape = |token: Option<&'static str>| {
+        let request = server.client.get(format!("{}/metrics", server.base));
+        async move {
+            let response = match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            }
+            .send()
+            .await
+            .unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    assert_eq!(scrape(None).await.0, 401);
+    assert_eq!(scrape(Some(M1_TOKEN)).await.0, 403);
+    let (status, text) = scrape(Some(ADMIN)).await;
+    assert_eq!(status, 200);
+    let line = |start: &str| {
+        let found: Vec<&str> = text.lines().filter(|line| line.starts_with(start)).collect();
+        assert_eq!(found.len(), 1, "one line starting {start:?} in:\n{text}");
+        found[0].rsplit(' ').next().unwrap().to_string()
+    };
+    let order = r#"method="GET",route="/v1/orders/{order_id}""#;
+    assert_eq!(line(&format!("paisa_http_requests_total{{{order},status=\"200\"}}")), "2");
+    assert_eq!(line(&format!("paisa_http_requests_total{{{order},status=\"404\"}}")), "1");
+    assert_eq!(line(r#"paisa_http_requests_total{method="GET",route="unmatched",status="404"}"#), "1");
+    assert_eq!(line(r#"paisa_http_requests_total{method="other",route="/v1/orders/{order_id}",status="405"}"#), "1");
+    // The scrapes refused before this one were requests too.
+    assert_eq!(line(r#"paisa_http_requests_total{method="GET",route="/metrics",status="401"}"#), "1");
+    // Three reads timed, in cumulative buckets (Prometheus' histogram): one per bound, then +Inf.
+    assert_eq!(line(&format!("paisa_http_request_duration_seconds_count{{{order}}}")), "3");
+    let bucket_start = format!("paisa_http_request_duration_seconds_bucket{{{order},le=");
+    let buckets: Vec<u64> = text
+        .lines()
+        .filter(|line| line.starts_with(&bucket_start))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 16, "{text}");
+    assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]), "{buckets:?}");
+    assert_eq!(buckets.last(), Some(&3));
+    assert_eq!(line("paisa_pipeline_lag_records"), "7");
+    // Ids never become labels: only route templates do.
+    assert!(!text.contains("/v1/orders/o1") && !text.contains("nothing-here"), "{text}");
+}

@@ -1,0 +1,142 @@
+//! `GET /metrics`: the service's figures in the Prometheus text format, for an operator's scraper.
+//! Admin key required, as for every admin read: request volumes by route are business figures.
+//!
+//! Recorded: each request's count by method, route and status (`paisa_http_requests_total`), its
+//! duration by method and route (`paisa_http_request_duration_seconds`, a histogram whose buckets are
+//! fine below 10 ms, where the order read's target lies), and the pipeline's lag, read when scraped
+//! (`paisa_pipeline_lag_records`). A duration is the time from routing to the response's head, inside
+//! the service: a client also sees its own queueing and the network.
+//!
+//! Label sets stay bounded: a route is the router's template (`/v1/orders/{order_id}`), never the ids
+//! of a request's path (an unrouted request counts under `unmatched`), and a method outside the
+//! standard ones counts as `other`.
+
+use super::auth::Caller;
+use super::{ApiError, ApiState};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const REQUESTS: &str = "paisa_http_requests_total";
+const DURATION: &str = "paisa_http_request_duration_seconds";
+const LAG: &str = "paisa_pipeline_lag_records";
+
+/// Upper bounds of the duration buckets, in seconds.
+const DURATION_BUCKETS_S: [f64; 15] =
+    [0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 10.0];
+
+/// Durations recorded between two upkeeps at most. The recorder buffers each sample until an upkeep
+/// (or a scrape) folds it into the buckets: without upkeeps a service nobody scrapes would buffer
+/// every request it ever answered.
+const SAMPLES_PER_UPKEEP_MAX: u64 = 1024;
+
+/// The service's own recorder (not the process-wide one: each router has its figures, as tests run
+/// several in one process).
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// Durations recorded so far, to run an upkeep every [`SAMPLES_PER_UPKEEP_MAX`].
+    samples: AtomicU64,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        // Start-up, with constant buckets: the builder refuses only an empty list.
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(DURATION.to_string()), &DURATION_BUCKETS_S)
+            .expect("the duration buckets are not empty");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        Metrics { recorder, handle, samples: AtomicU64::new(0) }
+    }
+
+    fn record_request(&self, method: &'static str, route: String, status: u16, duration: Duration) {
+        metrics::with_local_recorder(&self.recorder, || {
+            let status = status.to_string();
+            metrics::counter!(REQUESTS, "method" => method, "route" => route.clone(), "status" => status).increment(1);
+            metrics::histogram!(DURATION, "method" => method, "route" => route).record(duration.as_secs_f64());
+        });
+        if self.samples.fetch_add(1, Ordering::Relaxed) % SAMPLES_PER_UPKEEP_MAX == SAMPLES_PER_UPKEEP_MAX - 1 {
+            self.handle.run_upkeep();
+        }
+    }
+
+    /// The text a scrape gets, with the lag as of now.
+    fn render(&self, lag_records: u64) -> String {
+        // A gauge holds an f64: exact for any lag below 2^53 records.
+        metrics::with_local_recorder(&self.recorder, || metrics::gauge!(LAG).set(lag_records as f64));
+        self.handle.render()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+/// The method as a label: the standard ones by name, any other as `other` (a client may send any
+/// token as a method, and each would be a new series).
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Middleware around every route and the fallbacks: counts and times each request.
+pub(super) async fn record_request(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = method_label(request.method());
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_string();
+    let response = next.run(request).await;
+    state.metrics.record_request(method, route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// `GET /metrics`.
+pub(super) async fn scrape(State(state): State<ApiState>, caller: Caller) -> Result<Response, ApiError> {
+    caller.require_admin()?;
+    let text = state.metrics.render(state.pipeline.lag());
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upkeeps fold buffered samples into the buckets: none is lost or counted twice across them.
+    #[test]
+    fn every_duration_is_counted_once_across_upkeeps() {
+        let metrics = Metrics::new();
+        let recorded = 3 * SAMPLES_PER_UPKEEP_MAX + 5;
+        for index in 0..recorded {
+            let route = if index % 2 == 0 { "/a" } else { "/b" };
+            metrics.record_request("GET", route.to_string(), 200, Duration::from_micros(index * 37 % 7_000));
+        }
+        let text = metrics.render(0);
+        let value = |start: &str| -> u64 {
+            let line = text.lines().find(|line| line.starts_with(start)).unwrap_or_else(|| panic!("{start} in {text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let count_a = value(r#"paisa_http_request_duration_seconds_count{method="GET",route="/a"}"#);
+        let count_b = value(r#"paisa_http_request_duration_seconds_count{method="GET",route="/b"}"#);
+        assert_eq!((count_a, count_b), (recorded.div_ceil(2), recorded / 2));
+        // Durations up to 6.999 ms: all below the 7.5 ms bound, and some above 5 ms.
+        let a = r#"method="GET",route="/a",le="#;
+        assert_eq!(value(&format!("paisa_http_request_duration_seconds_bucket{{{a}\"0.0075\"}}")), count_a);
+        assert!(value(&format!("paisa_http_request_duration_seconds_bucket{{{a}\"0.005\"}}")) < count_a);
+        let requests = value(r#"paisa_http_requests_total{method="GET",route="/a",status="200"}"#);
+        assert_eq!(requests, count_a);
+    }
+}
