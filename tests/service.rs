@@ -232,6 +232,19 @@ fn the_api_answers_what_replay_computes() {
     let merchant = admin_get(&serve.base, "/v1/merchants/m1/balance");
     assert_eq!(merchant["available"], replayed["merchants"]["m1"]["available"]);
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);
+    // The service's figures count what this test sent, by route template.
+    let posted =
+        scenario_events().iter().filter(|event| !event["type"].as_str().unwrap_or("").starts_with("wallet_")).count();
+    let metrics = client().get(format!("{}/metrics", serve.base)).bearer_auth(ADMIN_KEY).send().expect("metrics");
+    assert!(metrics.status().is_success(), "GET /metrics: {}", metrics.status());
+    let text = metrics.text().expect("text");
+    let value =
+        |series: &str| text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')).map(str::to_string);
+    let events = r#"paisa_http_requests_total{method="POST",route="/v1/events",status="202"}"#;
+    assert_eq!(value(events), Some(posted.to_string()), "{text}");
+    let order_reads = r#"paisa_http_request_duration_seconds_count{method="GET",route="/v1/orders/{order_id}"}"#;
+    assert_eq!(value(order_reads).as_deref(), Some("1"), "{text}");
+    assert_eq!(value("paisa_pipeline_lag_records").as_deref(), Some("0"), "{text}");
 }
 
 /// The simulator's wallet events all posted first, so its event clock starts at the scenario's end. The
