@@ -15,6 +15,8 @@
 //! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
 //! posts `N` earlier rounds of the same agents, untimed, and waits until they are processed, so that the
 //! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
+//! `BENCH_READ_CLIENT=reqwest` reads with reqwest's blocking client, as the rounds before the
+//! twenty-ninth did (default `ureq`, see [`OrderReader`]);
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
 //! (`inputs.jsonl`, for `paisa replay`) there.
 //!
@@ -266,22 +268,17 @@ fn main() {
         .collect();
     let done = Arc::new(AtomicBool::new(false));
     let reader_threads: Vec<_> = (0..readers)
-        .map(|reader| {
+        .map(|reader_number| {
             let (base, ids, done) = (serve.base.clone(), order_ids.clone(), Arc::clone(&done));
             std::thread::spawn(move || {
-                let reader_client = http_client();
+                let reader = OrderReader::new();
                 let mut latencies = Vec::new();
-                let mut index = reader * 7919;
+                let mut index = reader_number * 7919;
                 while !done.load(Ordering::SeqCst) {
                     let id = &ids[index % ids.len()];
                     index += 13;
                     let start = Instant::now();
-                    let response = reader_client
-                        .get(format!("{base}/v1/orders/{id}"))
-                        .bearer_auth(ADMIN_KEY)
-                        .send()
-                        .expect("read");
-                    let _ = response.bytes();
+                    reader.read(&format!("{base}/v1/orders/{id}"));
                     latencies.push(start.elapsed());
                 }
                 latencies
@@ -327,6 +324,41 @@ fn main() {
     }
     println!("outputs of paisa replay of the same events: {:?}", replay_outputs(&inputs));
     post_concurrently(&serve.base, inputs.last().map(|input| input.at));
+}
+
+/// A reader's HTTP client. `ureq` by default: it sends each request from the calling thread, so a read
+/// costs the client one wake-up. reqwest's blocking client (`BENCH_READ_CLIENT=reqwest`, the client of
+/// the rounds before the twenty-ninth) hands each request to a runtime thread of its own and back,
+/// which on 2 shared cores adds two waits for a core to every read the client times.
+enum OrderReader {
+    Ureq(ureq::Agent),
+    Reqwest(reqwest::blocking::Client),
+}
+
+impl OrderReader {
+    fn new() -> OrderReader {
+        match std::env::var("BENCH_READ_CLIENT").as_deref() {
+            Ok("reqwest") => OrderReader::Reqwest(http_client()),
+            Ok("ureq") | Err(_) => OrderReader::Ureq(ureq::Agent::new_with_defaults()),
+            Ok(other) => panic!("BENCH_READ_CLIENT={other}: ureq or reqwest"),
+        }
+    }
+
+    /// Reads the whole answer, which must be a success.
+    fn read(&self, url: &str) {
+        let authorization = format!("Bearer {ADMIN_KEY}");
+        match self {
+            OrderReader::Ureq(agent) => {
+                let mut response = agent.get(url).header("authorization", &authorization).call().expect("read");
+                response.body_mut().read_to_vec().expect("the order's body");
+            }
+            OrderReader::Reqwest(client) => {
+                let response = client.get(url).bearer_auth(ADMIN_KEY).send().expect("read");
+                assert!(response.status().is_success(), "GET {url}: {}", response.status());
+                response.bytes().expect("the order's body");
+            }
+        }
+    }
 }
 
 /// The order reads' latency inside the service, from its `GET /metrics` histogram: the bucket bounds
