@@ -15,8 +15,8 @@
 //! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
 //! posts `N` earlier rounds of the same agents, untimed, and waits until they are processed, so that the
 //! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
-//! `BENCH_READ_CLIENT=reqwest` reads with reqwest's blocking client, as the rounds before the
-//! twenty-ninth did (default `ureq`, see [`OrderReader`]);
+//! `BENCH_CLIENT=reqwest` reads orders and posts one event per request with reqwest's blocking client,
+//! as the rounds before the twenty-ninth did (default `ureq`, see [`SmallRequests`]);
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
 //! (`inputs.jsonl`, for `paisa replay`) there.
 //!
@@ -271,14 +271,14 @@ fn main() {
         .map(|reader_number| {
             let (base, ids, done) = (serve.base.clone(), order_ids.clone(), Arc::clone(&done));
             std::thread::spawn(move || {
-                let reader = OrderReader::new();
+                let reader = SmallRequests::new();
                 let mut latencies = Vec::new();
                 let mut index = reader_number * 7919;
                 while !done.load(Ordering::SeqCst) {
                     let id = &ids[index % ids.len()];
                     index += 13;
                     let start = Instant::now();
-                    reader.read(&format!("{base}/v1/orders/{id}"));
+                    reader.get(&format!("{base}/v1/orders/{id}"));
                     latencies.push(start.elapsed());
                 }
                 latencies
@@ -326,36 +326,58 @@ fn main() {
     post_concurrently(&serve.base, inputs.last().map(|input| input.at));
 }
 
-/// A reader's HTTP client. `ureq` by default: it sends each request from the calling thread, so a read
-/// costs the client one wake-up. reqwest's blocking client (`BENCH_READ_CLIENT=reqwest`, the client of
-/// the rounds before the twenty-ninth) hands each request to a runtime thread of its own and back,
-/// which on 2 shared cores adds two waits for a core to every read the client times.
-enum OrderReader {
+/// The HTTP client of the phases that time small requests (the order reads, the one-event posts).
+/// `ureq` by default: it sends each request from the calling thread, so a request costs the client
+/// one wake-up. reqwest's blocking client (`BENCH_CLIENT=reqwest`, the client of the rounds before the
+/// twenty-ninth) hands each request to a runtime thread of its own and back, which on 2 shared cores
+/// adds two waits for a core to every request the client times.
+enum SmallRequests {
     Ureq(ureq::Agent),
     Reqwest(reqwest::blocking::Client),
 }
 
-impl OrderReader {
-    fn new() -> OrderReader {
-        match std::env::var("BENCH_READ_CLIENT").as_deref() {
-            Ok("reqwest") => OrderReader::Reqwest(http_client()),
-            Ok("ureq") | Err(_) => OrderReader::Ureq(ureq::Agent::new_with_defaults()),
-            Ok(other) => panic!("BENCH_READ_CLIENT={other}: ureq or reqwest"),
+impl SmallRequests {
+    fn new() -> SmallRequests {
+        match std::env::var("BENCH_CLIENT").as_deref() {
+            Ok("reqwest") => SmallRequests::Reqwest(http_client()),
+            Ok("ureq") | Err(_) => SmallRequests::Ureq(ureq::Agent::new_with_defaults()),
+            Ok(other) => panic!("BENCH_CLIENT={other}: ureq or reqwest"),
         }
     }
 
-    /// Reads the whole answer, which must be a success.
-    fn read(&self, url: &str) {
-        let authorization = format!("Bearer {ADMIN_KEY}");
+    /// GETs `url` as the admin and reads the whole answer, which must be a success.
+    fn get(&self, url: &str) {
         match self {
-            OrderReader::Ureq(agent) => {
-                let mut response = agent.get(url).header("authorization", &authorization).call().expect("read");
-                response.body_mut().read_to_vec().expect("the order's body");
+            SmallRequests::Ureq(agent) => {
+                let mut response =
+                    agent.get(url).header("authorization", format!("Bearer {ADMIN_KEY}")).call().expect("GET");
+                response.body_mut().read_to_vec().expect("the body");
             }
-            OrderReader::Reqwest(client) => {
-                let response = client.get(url).bearer_auth(ADMIN_KEY).send().expect("read");
+            SmallRequests::Reqwest(client) => {
+                let response = client.get(url).bearer_auth(ADMIN_KEY).send().expect("GET");
                 assert!(response.status().is_success(), "GET {url}: {}", response.status());
-                response.bytes().expect("the order's body");
+                response.bytes().expect("the body");
+            }
+        }
+    }
+
+    /// POSTs `body` as the admin, and returns the status and the answer.
+    fn post(&self, url: &str, body: &Value) -> (u16, String) {
+        match self {
+            SmallRequests::Ureq(agent) => {
+                let request = agent.post(url).header("authorization", format!("Bearer {ADMIN_KEY}"));
+                let mut response = request
+                    .config()
+                    .http_status_as_error(false)
+                    .build()
+                    .header("content-type", "application/json")
+                    .send(body.to_string())
+                    .expect("POST");
+                (response.status().as_u16(), response.body_mut().read_to_string().expect("the answer"))
+            }
+            SmallRequests::Reqwest(client) => {
+                let response = client.post(url).bearer_auth(ADMIN_KEY).json(body).send().expect("POST");
+                (response.status().as_u16(), response.text().unwrap_or_default())
             }
         }
     }
@@ -404,7 +426,7 @@ fn post_concurrently(serve: &str, at: Option<pipelines::Timestamp>) {
         .map(|poster| {
             let (serve, barrier) = (serve.to_string(), Arc::clone(&barrier));
             std::thread::spawn(move || {
-                let client = http_client();
+                let client = SmallRequests::new();
                 barrier.wait();
                 let mut latencies = Vec::with_capacity(per_poster);
                 for index in 0..per_poster {
@@ -413,9 +435,8 @@ fn post_concurrently(serve: &str, at: Option<pipelines::Timestamp>) {
                         "type": "user_registered", "event_id": id, "at": at, "user_id": id, "telegram_bound": true
                     });
                     let start = Instant::now();
-                    let response = client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&event).send();
-                    let response = response.expect("serve");
-                    assert_eq!(response.status().as_u16(), 202, "{}", response.text().unwrap_or_default());
+                    let (status, answer) = client.post(&format!("{serve}/v1/events"), &event);
+                    assert_eq!(status, 202, "{answer}");
                     latencies.push(start.elapsed());
                 }
                 latencies
