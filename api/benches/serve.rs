@@ -400,11 +400,16 @@ fn service_read_latency(client: &reqwest::blocking::Client, serve: &str) -> Stri
         })
         .collect();
     let total = buckets.last().map_or(0, |(_, count)| *count);
+    if total == 0 {
+        return "  the same reads inside the service: not measured (no order reads in its /metrics: a paisa \
+                before the twenty-ninth round?)"
+            .to_string();
+    }
     let bound_of = |fraction: f64| {
         let wanted = (fraction * total as f64).ceil() as u64;
         buckets.iter().find(|(_, count)| *count >= wanted).map_or("?".to_string(), |(bound, _)| {
             match bound.parse::<f64>() {
-                Ok(seconds) => format!("{} ms", seconds * 1e3),
+                Ok(seconds) => format!("{:.2} ms", seconds * 1e3),
                 Err(_) => bound.clone(),
             }
         })
