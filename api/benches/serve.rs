@@ -6,9 +6,11 @@
 //! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
 //! latency percentiles its clients measured, then those the service measured itself (the histogram of
 //! `GET /metrics`, from routing to the response's head: the difference is the clients' and the
-//! service's wait for a core). Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers:
-//! `BENCH_READERS` (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the
-//! lag while the pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
+//! service's wait for a core).
+//!
+//! Sizes: `BENCH_AGENTS` (default 2000) × `BENCH_ROUNDS` (default 5); readers: `BENCH_READERS`
+//! (default 4); read phase: `BENCH_READ_SECONDS` (default 5); `BENCH_TRACE=1` prints the lag while the
+//! pipeline drains; `BENCH_PACED=1` posts each bulk request only once the previous one is
 //! processed (event time then moves in steps of one bulk, see `docs/PERFORMANCE.md`); `BENCH_SERVE_CONFIG=FILE`
 //! passes `--config FILE` (SPEC §8 settings) to `paisa serve`; `BENCH_PARTITIONS=N` runs it with `N`
 //! partitions per stage (default 2); `BENCH_PAISA=PATH` runs that `paisa` binary instead of this
