@@ -149,9 +149,13 @@ fn wait_quiescent(base: &str) {
     panic!("the pipeline did not become quiescent");
 }
 
+/// Whether the event is the simulated provider's (posted to `paisa wallet-sim`, not to the service).
+fn is_wallet_event(event: &Value) -> bool {
+    event["type"].as_str().is_some_and(|kind| kind.starts_with("wallet_"))
+}
+
 fn post_event(serve: &str, wallet_sim: &str, event: &Value) {
-    let is_wallet = event["type"].as_str().is_some_and(|kind| kind.starts_with("wallet_"));
-    let (url, request) = if is_wallet {
+    let (url, request) = if is_wallet_event(event) {
         (format!("{wallet_sim}/sim/v1/events"), client().post(format!("{wallet_sim}/sim/v1/events")))
     } else {
         (format!("{serve}/v1/events"), client().post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY))
@@ -233,8 +237,7 @@ fn the_api_answers_what_replay_computes() {
     assert_eq!(merchant["available"], replayed["merchants"]["m1"]["available"]);
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);
     // The service's figures count what this test sent, by route template.
-    let posted =
-        scenario_events().iter().filter(|event| !event["type"].as_str().unwrap_or("").starts_with("wallet_")).count();
+    let posted = scenario_events().iter().filter(|event| !is_wallet_event(event)).count();
     let metrics = client().get(format!("{}/metrics", serve.base)).bearer_auth(ADMIN_KEY).send().expect("metrics");
     assert!(metrics.status().is_success(), "GET /metrics: {}", metrics.status());
     let text = metrics.text().expect("text");
