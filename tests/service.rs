@@ -248,6 +248,37 @@ fn the_api_answers_what_replay_computes() {
     let order_reads = r#"paisa_http_request_duration_seconds_count{method="GET",route="/v1/orders/{order_id}"}"#;
     assert_eq!(value(order_reads).as_deref(), Some("1"), "{text}");
     assert_eq!(value("paisa_pipeline_lag_records").as_deref(), Some("0"), "{text}");
+    assert_pipeline_figures(&text, &replayed, &wallet_sim.base);
+}
+
+/// The pipeline's figures in a scrape agree with what happened: every provider call the simulator
+/// answered was counted and timed, every rejection of replay's document counted under its reason, and
+/// the store's commits timed, with no dead letter.
+fn assert_pipeline_figures(text: &str, replayed: &Value, wallet_sim: &str) {
+    let sum = |prefix: &str| -> f64 {
+        let values = text.lines().filter_map(|line| line.strip_prefix(prefix)?.rsplit(' ').next()?.parse::<f64>().ok());
+        values.sum()
+    };
+    let stats: Value = client().get(format!("{wallet_sim}/sim/v1/stats")).send().expect("stats").json().expect("JSON");
+    let card_requests = stats["card_requests"].as_f64().expect("a count");
+    let outputs = replayed["outputs"].as_array().expect("outputs");
+    let crawls = outputs.iter().filter(|output| output["type"] == "crawl_requested").count() as f64;
+    assert!(card_requests >= crawls, "the simulator answered {card_requests} calls for {crawls} crawls");
+    assert_eq!(sum("paisa_crawl_calls_total{"), card_requests, "{text}");
+    assert_eq!(sum("paisa_crawl_call_duration_seconds_count{"), card_requests, "{text}");
+    let rejections: Vec<&Value> = outputs.iter().filter(|output| output["type"] == "command_rejected").collect();
+    assert!(!rejections.is_empty(), "the scenario has a rejection to count");
+    for rejection in &rejections {
+        let reason = rejection["reason"].as_str().expect("a reason");
+        let expected = rejections.iter().filter(|other| other["reason"] == reason).count() as f64;
+        assert_eq!(sum(&format!(r#"paisa_commands_rejected_total{{reason="{reason}"}}"#)), expected, "{text}");
+    }
+    assert_eq!(sum("paisa_commands_rejected_total{"), rejections.len() as f64, "{text}");
+    let commits = sum("paisa_store_commit_duration_seconds_count");
+    assert!(commits >= 1.0, "{text}");
+    assert_eq!(sum("paisa_store_commit_batches_count"), commits, "{text}");
+    assert!(sum("paisa_store_commit_batches_sum") >= commits, "{text}");
+    assert_eq!(sum("paisa_dead_letters_total"), 0.0, "{text}");
 }
 
 /// The simulator's wallet events all posted first, so its event clock starts at the scenario's end. The

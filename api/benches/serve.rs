@@ -242,6 +242,7 @@ fn main() {
     }
 
     let cpu_before = cpu_of(&serve, &wallet_sim);
+    let figures_before = scrape(&client, &serve.base);
     let started = Instant::now();
     let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
     let posted_after = started.elapsed();
@@ -261,6 +262,7 @@ fn main() {
         .filter_map(|(name, (before, after))| Some(format!("{name} {:.2} s", (*after)? - (*before)?)))
         .collect();
     println!("CPU time in that phase (2 cores = {:.2} s): {}", 2.0 * elapsed.as_secs_f64(), cpu.join(", "));
+    println!("{}", pipeline_figures(&figures_before, &scrape(&client, &serve.base), elapsed));
     let order_ids: Vec<String> = first
         .iter()
         .filter_map(|input| match &input.command {
@@ -393,41 +395,126 @@ impl SmallRequests {
     }
 }
 
+/// The text of the service's `GET /metrics`.
+fn scrape(client: &reqwest::blocking::Client, serve: &str) -> String {
+    client.get(format!("{serve}/metrics")).bearer_auth(ADMIN_KEY).send().expect("metrics").text().expect("text")
+}
+
+/// One histogram of a `/metrics` scrape: cumulative counts by upper bound, in the order rendered
+/// (ascending, `+Inf` last), and the sum of its samples.
+#[derive(Default)]
+struct Buckets {
+    counts: Vec<(String, u64)>,
+    sum: f64,
+}
+
+impl Buckets {
+    /// The histogram `name` with the labels `labels` (`method="GET",route="…",`; empty for none).
+    fn of(text: &str, name: &str, labels: &str) -> Buckets {
+        let prefix = format!("{name}_bucket{{{labels}le=\"");
+        let counts = text
+            .lines()
+            .filter_map(|line| line.strip_prefix(prefix.as_str()))
+            .filter_map(|rest| {
+                let (bound, count) = rest.split_once("\"} ")?;
+                Some((bound.to_string(), count.parse().ok()?))
+            })
+            .collect();
+        let sum_series = match labels.strip_suffix(',') {
+            Some(labels) => format!("{name}_sum{{{labels}}} "),
+            None => format!("{name}_sum "),
+        };
+        let sum = text.lines().find_map(|line| line.strip_prefix(sum_series.as_str())?.parse().ok()).unwrap_or(0.0);
+        Buckets { counts, sum }
+    }
+
+    /// What was recorded between `earlier` (a scrape before) and this one.
+    fn since(&self, earlier: &Buckets) -> Buckets {
+        let before =
+            |bound: &str| earlier.counts.iter().find(|(other, _)| other == bound).map_or(0, |(_, count)| *count);
+        let counts = self.counts.iter().map(|(bound, count)| (bound.clone(), count - before(bound))).collect();
+        Buckets { counts, sum: self.sum - earlier.sum }
+    }
+
+    /// Both histograms' samples in one (the same bounds).
+    fn plus(mut self, other: &Buckets) -> Buckets {
+        if self.counts.is_empty() {
+            return Buckets { counts: other.counts.clone(), sum: other.sum };
+        }
+        for ((bound, count), (other_bound, other_count)) in self.counts.iter_mut().zip(&other.counts) {
+            assert_eq!(bound, other_bound, "histograms with the same bounds");
+            *count += other_count;
+        }
+        self.sum += other.sum;
+        self
+    }
+
+    fn total(&self) -> u64 {
+        self.counts.last().map_or(0, |(_, count)| *count)
+    }
+
+    /// The upper bound the `fraction` quantile falls under, in milliseconds (`seconds`) or as is.
+    fn bound_of(&self, fraction: f64, seconds: bool) -> String {
+        let wanted = (fraction * self.total() as f64).ceil() as u64;
+        let Some((bound, _)) = self.counts.iter().find(|(_, count)| *count >= wanted) else {
+            return "?".to_string();
+        };
+        match bound.parse::<f64>() {
+            Ok(value) if seconds => format!("{:.2} ms", value * 1e3),
+            _ => bound.clone(),
+        }
+    }
+}
+
 /// The order reads' latency inside the service, from its `GET /metrics` histogram: the bucket bounds
 /// that p50 and p99 fall under. The client's figures add its own queueing, which on a machine shared
 /// with the service and the simulator is most of a slow read's time.
 fn service_read_latency(client: &reqwest::blocking::Client, serve: &str) -> String {
-    let text =
-        client.get(format!("{serve}/metrics")).bearer_auth(ADMIN_KEY).send().expect("metrics").text().expect("text");
-    let prefix = r#"paisa_http_request_duration_seconds_bucket{method="GET",route="/v1/orders/{order_id}",le=""#;
-    // Cumulative counts by upper bound, in the order rendered (ascending, +Inf last).
-    let buckets: Vec<(String, u64)> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix(prefix))
-        .filter_map(|rest| {
-            let (bound, count) = rest.split_once("\"} ")?;
-            Some((bound.to_string(), count.parse().ok()?))
-        })
-        .collect();
-    let total = buckets.last().map_or(0, |(_, count)| *count);
+    let text = scrape(client, serve);
+    let labels = r#"method="GET",route="/v1/orders/{order_id}","#;
+    let reads = Buckets::of(&text, "paisa_http_request_duration_seconds", labels);
+    let total = reads.total();
     if total == 0 {
         return "  the same reads inside the service: not measured (no order reads in its /metrics: a paisa \
                 before the twenty-ninth round?)"
             .to_string();
     }
-    let bound_of = |fraction: f64| {
-        let wanted = (fraction * total as f64).ceil() as u64;
-        buckets.iter().find(|(_, count)| *count >= wanted).map_or("?".to_string(), |(bound, _)| {
-            match bound.parse::<f64>() {
-                Ok(seconds) => format!("{:.2} ms", seconds * 1e3),
-                Err(_) => bound.clone(),
-            }
-        })
-    };
     format!(
         "  the same reads inside the service (its /metrics histogram, {total} reads): p50 ≤ {}, p99 ≤ {}",
-        bound_of(0.50),
-        bound_of(0.99)
+        reads.bound_of(0.50, true),
+        reads.bound_of(0.99, true)
+    )
+}
+
+/// The pipeline's figures of a phase, from two scrapes of `/metrics` (before and after): the store's
+/// commits (how many, batches each, their durations) and the calls to the provider.
+fn pipeline_figures(before: &str, after: &str, elapsed: Duration) -> String {
+    let phase = |name: &str, labels: &str| Buckets::of(after, name, labels).since(&Buckets::of(before, name, labels));
+    let commits = phase("paisa_store_commit_duration_seconds", "");
+    if commits.total() == 0 {
+        return "pipeline figures: not measured (no store commits in its /metrics: a paisa before the \
+                thirtieth round?)"
+            .to_string();
+    }
+    let batches = phase("paisa_store_commit_batches", "");
+    let providers = ["phonepe", "mobikwik", "freecharge", "paytm", "other"];
+    let calls = providers.iter().fold(Buckets::default(), |calls, provider| {
+        calls.plus(&phase("paisa_crawl_call_duration_seconds", &format!("provider=\"{provider}\",")))
+    });
+    let seconds = elapsed.as_secs_f64();
+    format!(
+        "store commits in that phase: {} ({:.0}/s, busy {:.0} % of the time), {:.2} batches each, p50 ≤ {}, \
+         p99 ≤ {}; provider calls: {} ({:.0}/s), p50 ≤ {}, p99 ≤ {}",
+        commits.total(),
+        commits.total() as f64 / seconds,
+        100.0 * commits.sum / seconds,
+        batches.sum / batches.total().max(1) as f64,
+        commits.bound_of(0.50, true),
+        commits.bound_of(0.99, true),
+        calls.total(),
+        calls.total() as f64 / seconds,
+        calls.bound_of(0.50, true),
+        calls.bound_of(0.99, true),
     )
 }
 

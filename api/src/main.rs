@@ -432,7 +432,7 @@ async fn start_on_kafka(
         tracing::info!(ids = ?kafka.schema_ids.by_topic, "value schemas registered");
     }
     let embedded = tokio::task::spawn_blocking(move || -> anyhow::Result<Embedded> {
-        let store = connectors::kafka::KafkaStore::open(kafka)?;
+        let store = connectors::kafka::KafkaStore::open(kafka)?.with_metrics(Arc::clone(&config.metrics));
         Ok(Embedded::start_on(config, Box::new(store), read_model)?)
     })
     .await??;
@@ -467,6 +467,10 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
     };
     let mut config = EmbeddedConfig::new(data_dir, clock);
     config.partitions = options.partitions;
+    // One recorder for the API's figures and the pipeline's: a scrape of `GET /metrics` shows both.
+    let metrics = Arc::new(http::Metrics::new());
+    config.metrics = Arc::new(metrics.pipeline_metrics());
+    tokio::spawn(run_metrics_upkeep(Arc::clone(&metrics)));
     config.engine = match (&options.config, options.demo) {
         (None, true) => demo::demo_config()?,
         (path, _) => engine_config(path.as_deref())?,
@@ -502,7 +506,8 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         tokio::spawn(connectors::wallet_sim_http::serve(listener, SimClock::System, std::future::pending()));
     }
     if let Some(base_url) = options.statement_provider.clone() {
-        let connector = StatementConnector::new(&StatementConfig::new(base_url))?;
+        let connector = StatementConnector::new(&StatementConfig::new(base_url))?
+            .with_metrics(Arc::clone(&embedded.config().metrics));
         // Before the API answers: until then the connector's backlog would not count in the lag, and a
         // client could see a lag of 0 with crawls still unanswered.
         embedded.attach_connector();
@@ -529,7 +534,7 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         Some(model) => Arc::new(connectors::embedded::projector::ReadModelPipeline::new(embedded.clone(), model)),
         None => Arc::new(embedded.clone()),
     };
-    let mut state = http::ApiState::new(pipeline, api_clock, &admin_key, http::Limits::default());
+    let mut state = http::ApiState::new(pipeline, api_clock, &admin_key, http::Limits::default()).with_metrics(metrics);
     if let Some(ingest_url) = &options.ingest_url {
         state = state.forwarding_writes_to(ingest_url).context("--ingest-url")?;
     }
@@ -556,6 +561,16 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
     match embedded.failure() {
         Some(failure) => anyhow::bail!("processing failed: {failure}"),
         None => Ok(()),
+    }
+}
+
+/// Folds the figures' buffered samples into their buckets every [`http::UPKEEP_INTERVAL_MS`], for as
+/// long as the service runs.
+async fn run_metrics_upkeep(metrics: Arc<http::Metrics>) {
+    let mut interval = tokio::time::interval(std::time::Duration::from_millis(http::UPKEEP_INTERVAL_MS));
+    loop {
+        interval.tick().await;
+        metrics.run_upkeep();
     }
 }
 

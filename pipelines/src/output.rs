@@ -145,6 +145,30 @@ pub enum Reason {
     InvalidTransition,
 }
 
+impl Reason {
+    /// Every reason, in declaration order (`reason as usize` is its index here): what a service counts
+    /// rejections by.
+    pub const ALL: [Reason; 17] = [
+        Reason::UnknownOrder,
+        Reason::UnknownUser,
+        Reason::UnknownCard,
+        Reason::UnknownMerchant,
+        Reason::OrderNotPending,
+        Reason::OrderExpired,
+        Reason::UserBanned,
+        Reason::DeferredDebt,
+        Reason::CardUnauthenticated,
+        Reason::InsufficientBalance,
+        Reason::DuplicateCard,
+        Reason::InvalidAmount,
+        Reason::InsufficientMerchantBalance,
+        Reason::InvalidPayee,
+        Reason::NoLiveSubOrder,
+        Reason::LineFound,
+        Reason::InvalidTransition,
+    ];
+}
+
 /// A refused input: its reason code and a sentence for a person.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {

@@ -10,6 +10,10 @@
 //! Label sets stay bounded: a route is the router's template (`/v1/orders/{order_id}`), never the ids
 //! of a request's path (an unrouted request counts under `unmatched`), and a method outside the
 //! standard ones counts as `other`.
+//!
+//! The pipeline's figures (provider calls, store commits, rejections, dead letters:
+//! `connectors::metrics`) are recorded by the pipeline itself into handles registered here
+//! ([`Metrics::pipeline_metrics`]), and come out in the same scrape.
 
 use super::auth::Caller;
 use super::{ApiError, ApiState};
@@ -25,9 +29,17 @@ const REQUESTS: &str = "paisa_http_requests_total";
 const DURATION: &str = "paisa_http_request_duration_seconds";
 const LAG: &str = "paisa_pipeline_lag_records";
 
-/// Upper bounds of the duration buckets, in seconds.
+/// Upper bounds of the duration buckets, in seconds: of every `…_seconds` histogram (requests,
+/// provider calls, store commits).
 const DURATION_BUCKETS_S: [f64; 15] =
     [0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 10.0];
+
+/// Upper bounds of the buckets of batches per store commit (a group takes 64 at most).
+const COMMIT_BATCHES_BUCKETS: [f64; 7] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
+/// How often a service folds buffered samples into the buckets when nobody scrapes it (the
+/// pipeline's samples arrive without requests, so the per-request upkeep alone would not bound them).
+pub const UPKEEP_INTERVAL_MS: u64 = 5_000;
 
 /// Durations recorded between two upkeeps at most. The recorder buffers each sample until an upkeep
 /// (or a scrape) folds it into the buckets: without upkeeps a service nobody scrapes would buffer
@@ -47,10 +59,19 @@ impl Metrics {
     pub fn new() -> Metrics {
         // Start-up, with constant buckets: the builder refuses only an empty list.
         let builder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full(DURATION.to_string()), &DURATION_BUCKETS_S)
-            .expect("the duration buckets are not empty");
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), &DURATION_BUCKETS_S)
+            .and_then(|builder| {
+                let batches = connectors::metrics::STORE_COMMIT_BATCHES.to_string();
+                builder.set_buckets_for_metric(Matcher::Full(batches), &COMMIT_BATCHES_BUCKETS)
+            })
+            .expect("the buckets are not empty");
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::describe_counter!(REQUESTS, "HTTP requests answered, by method, route template and status.");
+            metrics::describe_histogram!(DURATION, "HTTP requests, from routing to the response's head.");
+            metrics::describe_gauge!(LAG, "Records appended to any log and not yet processed.");
+        });
         Metrics { recorder, handle, samples: AtomicU64::new(0) }
     }
 
@@ -63,6 +84,16 @@ impl Metrics {
         if self.samples.fetch_add(1, Ordering::Relaxed) % SAMPLES_PER_UPKEEP_MAX == SAMPLES_PER_UPKEEP_MAX - 1 {
             self.handle.run_upkeep();
         }
+    }
+
+    /// Handles for the pipeline to record its figures into this service's scrape.
+    pub fn pipeline_metrics(&self) -> connectors::metrics::PipelineMetrics {
+        metrics::with_local_recorder(&self.recorder, connectors::metrics::PipelineMetrics::register)
+    }
+
+    /// Folds the samples recorded since the last upkeep into the buckets (see [`UPKEEP_INTERVAL_MS`]).
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
     }
 
     /// The text a scrape gets, with the lag as of now.

@@ -29,6 +29,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 
 pub use error::ApiError;
+pub use metrics::{Metrics, UPKEEP_INTERVAL_MS};
 
 /// Where the `at` of accepted inputs comes from (SPEC §3): the runtime's own setting, so that the API
 /// and the runtime's ticks agree. `System`: the server stamps `at` and refuses a client's; `Event`: the
@@ -116,6 +117,13 @@ impl ApiState {
             reqwest::Client::builder().timeout(std::time::Duration::from_millis(FORWARD_TIMEOUT_MS)).build()?;
         self.forward_writes_to = Some(Forwarder { base_url: base_url.trim_end_matches('/').to_string(), client });
         Ok(self)
+    }
+
+    /// Records into `metrics` (the one whose handles the pipeline records into) instead of a recorder
+    /// of its own.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> ApiState {
+        self.metrics = metrics;
+        self
     }
 
     /// The wall clock as event time, never earlier than a time stamped before.

@@ -51,6 +51,8 @@ pub struct EmbeddedConfig {
     /// still in flight until it arrives (`pipelines::answer_barrier`), as replay applies them. A data
     /// directory keeps the setting it was created with: a later start adopts it.
     pub answer_delay_s: Option<i64>,
+    /// Where the pipeline's figures go (`crate::metrics`; by default nowhere).
+    pub metrics: Arc<crate::metrics::PipelineMetrics>,
 }
 
 impl EmbeddedConfig {
@@ -64,6 +66,7 @@ impl EmbeddedConfig {
             tick_interval_ms: 100,
             engine: Config::default(),
             answer_delay_s: None,
+            metrics: Arc::default(),
         }
     }
 }
@@ -173,7 +176,7 @@ impl Embedded {
     /// Opens the data directory, restores every stage partition from its log and starts the processing
     /// threads and the ticker.
     pub fn start(config: EmbeddedConfig) -> Result<Embedded, RuntimeError> {
-        let store = RedbStore::open(&config.data_dir)?;
+        let store = RedbStore::open(&config.data_dir)?.with_metrics(Arc::clone(&config.metrics));
         Embedded::start_on(config, Box::new(store), None)
     }
 
@@ -618,6 +621,7 @@ fn apply_round(
         *from += records as u64;
         consumed += records;
     }
+    inner.config.metrics.applied(&batch.applied);
     hand_over_early_crawls(inner, &mut batch.crawls);
     Ok((batch, consumed))
 }

@@ -72,6 +72,8 @@ pub struct RedbStore {
     ingesting: std::sync::Mutex<u64>,
     /// Stage records committed by this process and not yet taken by their log's consumer.
     committed_records: std::sync::Mutex<CommittedRecords>,
+    /// Where each group's commit is timed and its batches counted.
+    metrics: std::sync::Arc<crate::metrics::PipelineMetrics>,
 }
 
 /// Committed stage records as their producers made them, by log and offset, until the log's consumer
@@ -340,7 +342,14 @@ impl RedbStore {
             ingestion,
             ingesting: std::sync::Mutex::new(0),
             committed_records: std::sync::Mutex::default(),
+            metrics: std::sync::Arc::default(),
         })
+    }
+
+    /// Times each group commit and counts its batches in `metrics`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::PipelineMetrics>) -> RedbStore {
+        self.metrics = metrics;
+        self
     }
 
     /// The ingestion index as the data directory records it: the tables of directories written before
@@ -429,8 +438,12 @@ impl RedbStore {
         let first_ingestion = group.iter().find(|queued| queued.ingestion.is_some()).map(|queued| queued.ticket);
         debug_assert!(group.windows(2).all(|pair| pair[0].ticket < pair[1].ticket), "tickets in order");
         // A panic (a bug) must still release the committers waiting for this group.
+        let started = std::time::Instant::now();
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write_group(group)))
             .unwrap_or_else(|_| Err(fatal("writing a group of batches panicked")));
+        if written.is_ok() {
+            self.metrics.store_commit(taken, started.elapsed());
+        }
         let mut state = lock(&self.group);
         state.writing = false;
         state.written_through = last;

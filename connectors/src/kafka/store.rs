@@ -121,6 +121,8 @@ pub struct KafkaStore {
     member: Mutex<Option<Arc<super::group::MemberConsumer>>>,
     /// When a lookup that missed last read the state topic.
     last_miss_tail: Mutex<Option<Instant>>,
+    /// Where each transaction is timed.
+    metrics: Arc<crate::metrics::PipelineMetrics>,
 }
 
 fn fatal(error: impl std::fmt::Display) -> RuntimeError {
@@ -175,10 +177,17 @@ impl KafkaStore {
             state_reader: Mutex::new(None),
             member: Mutex::new(None),
             last_miss_tail: Mutex::new(None),
+            metrics: Arc::default(),
             config,
         };
         store.tail_index()?;
         Ok(store)
+    }
+
+    /// Times each transaction (a store commit of one batch) in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::PipelineMetrics>) -> KafkaStore {
+        self.metrics = metrics;
+        self
     }
 
     /// Every topic this store uses, as (name, partitions, compacted).
@@ -305,11 +314,26 @@ impl KafkaStore {
     /// Produces `records` as (topic, partition, key, payload) and `offsets` in one transaction.
     fn transact(&self, records: &[Outgoing], offsets: &[(String, u64)]) -> Result<(), RuntimeError> {
         let producer = lock(&self.producer);
+        let started = Instant::now();
+        let committed = self.transact_locked(&producer, records, offsets);
+        if committed.is_ok() {
+            self.metrics.store_commit(1, started.elapsed());
+        }
+        committed
+    }
+
+    /// [`KafkaStore::transact`] with the producer locked.
+    fn transact_locked(
+        &self,
+        producer: &BaseProducer,
+        records: &[Outgoing],
+        offsets: &[(String, u64)],
+    ) -> Result<(), RuntimeError> {
         if !self.config.transactions {
-            return self.produce_then_commit(&producer, records, offsets);
+            return self.produce_then_commit(producer, records, offsets);
         }
         producer.begin_transaction().map_err(|error| kafka_error("beginning a transaction", &error))?;
-        let result = self.fill_transaction(&producer, records, offsets).and_then(|()| {
+        let result = self.fill_transaction(producer, records, offsets).and_then(|()| {
             producer.commit_transaction(self.timeout()).map_err(|error| kafka_error("committing a transaction", &error))
         });
         if let Err(error) = result {

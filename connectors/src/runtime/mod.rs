@@ -402,6 +402,18 @@ pub struct WriteBatch {
     /// (not stored: their bytes are). A store may hand them to their log's consumer once committed
     /// ([`Store::take_committed_records`]), which then neither reads nor decodes the bytes.
     pub stage_records: Vec<(usize, pipelines::partition::StageRecord)>,
+    /// What the batch's records came to, for the pipeline's figures (not stored).
+    pub applied: AppliedCounts,
+}
+
+/// Rejections and dead letters among what a batch applied (`crate::metrics` counts them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppliedCounts {
+    /// The reason of each `command_rejected` output (few: a list costs nothing while there are none,
+    /// where a count per reason would widen every batch).
+    pub rejected: Vec<pipelines::output::Reason>,
+    /// Records moved to the dead-letter log.
+    pub dead_letters: u64,
 }
 
 impl WriteBatch {
@@ -769,8 +781,10 @@ fn encode_produced(
         batch.append_stage_record(target, record)?;
     }
     for (index, output) in produced.outputs.drain(..).enumerate() {
-        if let pipelines::output::OutputBody::CrawlRequested(request) = &output.body {
-            batch.crawls.push((output.at, request.clone()));
+        match &output.body {
+            pipelines::output::OutputBody::CrawlRequested(request) => batch.crawls.push((output.at, request.clone())),
+            pipelines::output::OutputBody::CommandRejected { reason, .. } => batch.applied.rejected.push(*reason),
+            _ => {}
         }
         let record = OutputRecord { id: id(first_output + index), output };
         batch.appends.push((OUTPUTS_LOG.to_string(), encode(&record)?));
@@ -798,6 +812,7 @@ fn dead_letter(log: &str, offset: u64, payload: &[u8], error: &str, batch: &mut 
     let letter = DeadLetter { log: log.to_string(), offset, error: error.to_string(), payload_hex };
     let bytes = serde_json::to_vec(&letter).unwrap_or_default();
     batch.appends.push((DEAD_LETTER_LOG.to_string(), bytes));
+    batch.applied.dead_letters += 1;
 }
 
 #[cfg(test)]
@@ -888,5 +903,36 @@ pub(crate) mod tests {
         let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
         assert_eq!(process_batch(&store, &partition, 1, 16).expect("processed").consumed, 1);
         assert_eq!(store.head(OUTPUTS_LOG).expect("a head"), 1, "the rejection is emitted once");
+    }
+
+    /// A batch counts the rejections and dead letters it applied, and the store times each commit and
+    /// counts its batches (`crate::metrics`).
+    #[test]
+    fn a_batch_counts_its_rejections_and_dead_letters_and_each_commit_is_timed() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let figures =
+            std::sync::Arc::new(metrics::with_local_recorder(&recorder, crate::metrics::PipelineMetrics::register));
+        let data_dir = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(data_dir.path()).expect("the store opens").with_metrics(figures.clone());
+        let log = stage_log(StageKind::Agent, 0);
+        let rejected = encode(&rejected_recharge()).expect("encodes");
+        let appends = vec![(log.clone(), b"not a record".to_vec()), (log.clone(), rejected)];
+        store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("appended");
+        let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
+        let mut batch = WriteBatch::default();
+        assert_eq!(apply_batch(&store, &partition, 1, 16, &mut batch).expect("applied"), 2);
+        let expected = AppliedCounts { rejected: vec![pipelines::output::Reason::UnknownUser], dead_letters: 1 };
+        assert_eq!(batch.applied, expected);
+        figures.applied(&batch.applied);
+        commit_applied(&store, batch).expect("committed");
+        let text = handle.render();
+        let value = |series: &str| text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' '));
+        assert_eq!(value(r#"paisa_commands_rejected_total{reason="unknown_user"}"#), Some("1"), "{text}");
+        assert_eq!(value("paisa_dead_letters_total"), Some("1"), "{text}");
+        // Two commits, one after the other: a group of one batch each.
+        assert_eq!(value("paisa_store_commit_batches_count"), Some("2"), "{text}");
+        assert_eq!(value("paisa_store_commit_batches_sum"), Some("2"), "{text}");
+        assert_eq!(value("paisa_store_commit_duration_seconds_count"), Some("2"), "{text}");
     }
 }

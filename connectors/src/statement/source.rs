@@ -88,6 +88,8 @@ pub struct StatementConnector {
     /// One semaphore per `Provider`, indexed by `provider_slot`.
     slots: [Semaphore; 5],
     page_limit_max: u32,
+    /// Where each call's outcome and duration are counted.
+    metrics: std::sync::Arc<crate::metrics::PipelineMetrics>,
 }
 
 impl StatementConnector {
@@ -112,7 +114,14 @@ impl StatementConnector {
             client,
             slots: std::array::from_fn(|_| Semaphore::new(permits)),
             page_limit_max: config.page_limit_max,
+            metrics: std::sync::Arc::default(),
         })
+    }
+
+    /// Counts every call's outcome and times it in `metrics`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::PipelineMetrics>) -> StatementConnector {
+        self.metrics = metrics;
+        self
     }
 
     /// Asks the provider once and answers with a `crawl_result` for `request`; never fails.
@@ -131,11 +140,22 @@ impl StatementConnector {
     }
 
     async fn answer(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> Result<Answer, CrawlError> {
-        let plan = self.plan(request)?;
+        let refused = |error: CrawlError| {
+            self.metrics.crawl_refused(request.provider, error);
+            error
+        };
+        let plan = self.plan(request).map_err(refused)?;
         // The semaphore is never closed, so acquiring only fails if that invariant is broken.
-        let _permit = self.slots[provider_slot(request.provider)].acquire().await.map_err(|_| plan.call.failure())?;
-        let body = self.fetch(&plan, request, as_of).await?;
-        parse_answer(&plan, request, &body)
+        let permit = self.slots[provider_slot(request.provider)].acquire().await;
+        let _permit = permit.map_err(|_| refused(plan.call.failure()))?;
+        let started = std::time::Instant::now();
+        let answer = match self.fetch(&plan, request, as_of).await {
+            Ok(body) => parse_answer(&plan, request, &body),
+            Err(error) => Err(error),
+        };
+        let outcome = answer.as_ref().map(|_| ()).map_err(|error| *error);
+        self.metrics.crawl_call(request.provider, outcome, started.elapsed());
+        answer
     }
 
     /// The call `request` needs, or the error to answer without calling.

@@ -1,0 +1,241 @@
+//! The pipeline's figures for an operator's scraper: calls to the statement provider by wallet provider
+//! and outcome, how long they took, how long the store's commits take and how many batches each
+//! carries, inputs rejected by reason, and records dead-lettered.
+//!
+//! Handles of the `metrics` facade, registered once with the recorder of whoever exports them (the
+//! HTTP API's `GET /metrics`) and kept here: recording is an atomic add, from any thread, and the
+//! runtime knows nothing of the exporter. Without a recorder ([`PipelineMetrics::default`]) every
+//! handle is a no-op. Label sets are bounded: providers, outcomes and reasons are enums.
+//!
+//! Counted when they happen in this process: a counter starts at zero at each start (Prometheus'
+//! `rate` expects it). Rejections and dead letters are counted when their batch is applied; a batch
+//! whose commit then fails stops the service, and its records are applied again after the restart.
+
+use metrics::{Counter, Histogram};
+use pipelines::input::{CrawlError, Provider};
+use pipelines::output::Reason;
+use std::time::Duration;
+
+/// Provider calls by wallet provider and outcome.
+pub const CRAWL_CALLS: &str = "paisa_crawl_calls_total";
+/// A provider call's duration, by wallet provider: from the request sent to the answer read (a wait
+/// for the provider's concurrency bound is not in it).
+pub const CRAWL_CALL_DURATION: &str = "paisa_crawl_call_duration_seconds";
+/// A store commit's duration: one transaction and its fsync, whatever the batches it carries.
+pub const STORE_COMMIT_DURATION: &str = "paisa_store_commit_duration_seconds";
+/// The batches one store commit carries (group commit: processing rounds, connector batches and
+/// requests' ingestions that queued while the one before was written).
+pub const STORE_COMMIT_BATCHES: &str = "paisa_store_commit_batches";
+/// Inputs the stages refused (`command_rejected`), by reason code (SPEC §7).
+pub const COMMANDS_REJECTED: &str = "paisa_commands_rejected_total";
+/// Records no stage could decode, moved to the dead-letter log.
+pub const DEAD_LETTERS: &str = "paisa_dead_letters_total";
+
+/// Every wallet provider, in the order of [`provider_index`].
+const PROVIDERS: [Provider; 5] =
+    [Provider::Phonepe, Provider::Mobikwik, Provider::Freecharge, Provider::Paytm, Provider::Other];
+/// A call's outcomes: a page (or a detail line), then each error a call can end in.
+const OUTCOMES: [&str; 4] = ["page", "session_expired", "upstream_busy", "detail_unavailable"];
+
+/// The registered handles (see the module's comment).
+pub struct PipelineMetrics {
+    /// By [`provider_index`], then [`outcome_index`].
+    crawl_calls: [[Counter; OUTCOMES.len()]; PROVIDERS.len()],
+    /// By [`provider_index`].
+    crawl_call_duration: [Histogram; PROVIDERS.len()],
+    store_commit_duration: Histogram,
+    store_commit_batches: Histogram,
+    /// By `reason as usize` (the index in [`Reason::ALL`]).
+    commands_rejected: [Counter; Reason::ALL.len()],
+    dead_letters: Counter,
+}
+
+impl PipelineMetrics {
+    /// Registers every series with the recorder in scope (`metrics::with_local_recorder`, or the global
+    /// one), each label set up front: a series appears at zero before its first event.
+    pub fn register() -> PipelineMetrics {
+        describe();
+        PipelineMetrics {
+            crawl_calls: PROVIDERS.map(|provider| {
+                OUTCOMES.map(|outcome| {
+                    metrics::counter!(CRAWL_CALLS, "provider" => provider_label(provider), "outcome" => outcome)
+                })
+            }),
+            crawl_call_duration: PROVIDERS
+                .map(|provider| metrics::histogram!(CRAWL_CALL_DURATION, "provider" => provider_label(provider))),
+            store_commit_duration: metrics::histogram!(STORE_COMMIT_DURATION),
+            store_commit_batches: metrics::histogram!(STORE_COMMIT_BATCHES),
+            commands_rejected: Reason::ALL
+                .map(|reason| metrics::counter!(COMMANDS_REJECTED, "reason" => reason_label(reason))),
+            dead_letters: metrics::counter!(DEAD_LETTERS),
+        }
+    }
+
+    /// A provider call that ended with `outcome` (Ok: a page or a line) after `duration`.
+    pub fn crawl_call(&self, provider: Provider, outcome: Result<(), CrawlError>, duration: Duration) {
+        let provider = provider_index(provider);
+        self.crawl_calls[provider][outcome_index(outcome)].increment(1);
+        self.crawl_call_duration[provider].record(duration.as_secs_f64());
+    }
+
+    /// A request refused without a call (its ids cannot be a URL): counted by outcome, not timed.
+    pub fn crawl_refused(&self, provider: Provider, error: CrawlError) {
+        self.crawl_calls[provider_index(provider)][outcome_index(Err(error))].increment(1);
+    }
+
+    /// A store commit of `batches` batches that took `duration`.
+    pub fn store_commit(&self, batches: usize, duration: Duration) {
+        debug_assert!(batches > 0, "a commit carries a batch at least");
+        self.store_commit_duration.record(duration.as_secs_f64());
+        // A group has at most a few dozen batches: exact as an f64.
+        self.store_commit_batches.record(batches as f64);
+    }
+
+    /// What a processing round applied: its rejections and dead letters.
+    pub fn applied(&self, counts: &crate::runtime::AppliedCounts) {
+        for &reason in &counts.rejected {
+            // Every reason is in `Reason::ALL` at its own index (tested below).
+            if let Some(counter) = self.commands_rejected.get(reason as usize) {
+                counter.increment(1);
+            }
+        }
+        if counts.dead_letters > 0 {
+            self.dead_letters.increment(counts.dead_letters);
+        }
+    }
+}
+
+/// What each series is, for a scrape's `# HELP` lines.
+fn describe() {
+    metrics::describe_counter!(CRAWL_CALLS, "Calls to the statement provider, by wallet provider and outcome.");
+    metrics::describe_histogram!(
+        CRAWL_CALL_DURATION,
+        "Statement provider calls, from the request sent to the answer read, by wallet provider."
+    );
+    metrics::describe_histogram!(STORE_COMMIT_DURATION, "Store commits: one transaction and its sync to disk.");
+    metrics::describe_histogram!(STORE_COMMIT_BATCHES, "Batches one store commit carries (group commit).");
+    metrics::describe_counter!(COMMANDS_REJECTED, "Inputs the stages refused (command_rejected), by reason code.");
+    metrics::describe_counter!(DEAD_LETTERS, "Records no stage could decode, moved to the dead-letter log.");
+}
+
+/// No recorder: every handle does nothing.
+impl Default for PipelineMetrics {
+    fn default() -> PipelineMetrics {
+        PipelineMetrics {
+            crawl_calls: std::array::from_fn(|_| std::array::from_fn(|_| Counter::noop())),
+            crawl_call_duration: std::array::from_fn(|_| Histogram::noop()),
+            store_commit_duration: Histogram::noop(),
+            store_commit_batches: Histogram::noop(),
+            commands_rejected: std::array::from_fn(|_| Counter::noop()),
+            dead_letters: Counter::noop(),
+        }
+    }
+}
+
+impl std::fmt::Debug for PipelineMetrics {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("PipelineMetrics")
+    }
+}
+
+fn provider_index(provider: Provider) -> usize {
+    match provider {
+        Provider::Phonepe => 0,
+        Provider::Mobikwik => 1,
+        Provider::Freecharge => 2,
+        Provider::Paytm => 3,
+        Provider::Other => 4,
+    }
+}
+
+/// The provider's name as the SPEC writes it (its serde name).
+fn provider_label(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Phonepe => "phonepe",
+        Provider::Mobikwik => "mobikwik",
+        Provider::Freecharge => "freecharge",
+        Provider::Paytm => "paytm",
+        Provider::Other => "other",
+    }
+}
+
+fn outcome_index(outcome: Result<(), CrawlError>) -> usize {
+    match outcome {
+        Ok(()) => 0,
+        Err(CrawlError::SessionExpired) => 1,
+        Err(CrawlError::UpstreamBusy) => 2,
+        Err(CrawlError::DetailUnavailable) => 3,
+    }
+}
+
+/// The reason code as SPEC §7 and `command_rejected` write it (its serde name).
+fn reason_label(reason: Reason) -> String {
+    match serde_json::to_value(reason) {
+        Ok(serde_json::Value::String(name)) => name,
+        // A unit variant always serializes as its name; this is not reached.
+        _ => format!("{reason:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    /// The value of a series in Prometheus' text, or None.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn every_reason_is_at_its_own_index_and_labelled_as_serde_names_it() {
+        for (index, reason) in Reason::ALL.into_iter().enumerate() {
+            assert_eq!(reason as usize, index, "{reason:?}");
+            let named = serde_json::to_string(&reason).expect("a name");
+            assert_eq!(format!("\"{}\"", reason_label(reason)), named);
+        }
+        for (index, provider) in PROVIDERS.into_iter().enumerate() {
+            assert_eq!(provider_index(provider), index);
+            assert_eq!(format!("\"{}\"", provider_label(provider)), serde_json::to_string(&provider).expect("a name"));
+        }
+        let errors = [CrawlError::SessionExpired, CrawlError::UpstreamBusy, CrawlError::DetailUnavailable];
+        for error in errors {
+            let named = serde_json::to_string(&error).expect("a name");
+            assert_eq!(format!("\"{}\"", OUTCOMES[outcome_index(Err(error))]), named);
+        }
+    }
+
+    /// Each event lands in its own series, and every series is there (at zero) from registration on.
+    #[test]
+    fn each_event_counts_in_its_series_and_unseen_series_show_zero() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let pipeline = metrics::with_local_recorder(&recorder, PipelineMetrics::register);
+        pipeline.crawl_call(Provider::Paytm, Ok(()), Duration::from_millis(3));
+        pipeline.crawl_call(Provider::Paytm, Err(CrawlError::UpstreamBusy), Duration::from_millis(5));
+        pipeline.crawl_refused(Provider::Phonepe, CrawlError::DetailUnavailable);
+        pipeline.store_commit(3, Duration::from_millis(2));
+        pipeline.store_commit(1, Duration::from_millis(4));
+        let counts =
+            crate::runtime::AppliedCounts { rejected: vec![Reason::UserBanned, Reason::UserBanned], dead_letters: 1 };
+        pipeline.applied(&counts);
+        pipeline.applied(&counts);
+        let text = handle.render();
+        let calls = |provider: &str, outcome: &str| {
+            value(&text, &format!(r#"{CRAWL_CALLS}{{provider="{provider}",outcome="{outcome}"}}"#))
+        };
+        assert_eq!(calls("paytm", "page"), Some(1.0), "{text}");
+        assert_eq!(calls("paytm", "upstream_busy"), Some(1.0), "{text}");
+        assert_eq!(calls("phonepe", "detail_unavailable"), Some(1.0), "{text}");
+        assert_eq!(calls("mobikwik", "session_expired"), Some(0.0), "{text}");
+        // Without buckets configured the exporter writes a summary: its count and sum are enough here.
+        assert_eq!(value(&text, &format!(r#"{CRAWL_CALL_DURATION}_count{{provider="paytm"}}"#)), Some(2.0), "{text}");
+        assert_eq!(value(&text, &format!("{STORE_COMMIT_BATCHES}_count")), Some(2.0), "{text}");
+        assert_eq!(value(&text, &format!("{STORE_COMMIT_BATCHES}_sum")), Some(4.0), "{text}");
+        assert_eq!(value(&text, &format!(r#"{COMMANDS_REJECTED}{{reason="user_banned"}}"#)), Some(4.0), "{text}");
+        assert_eq!(value(&text, &format!(r#"{COMMANDS_REJECTED}{{reason="unknown_order"}}"#)), Some(0.0), "{text}");
+        assert_eq!(value(&text, DEAD_LETTERS), Some(2.0), "{text}");
+        let help = format!("# HELP {DEAD_LETTERS} Records no stage could decode, moved to the dead-letter log.");
+        assert!(text.lines().any(|line| line == help), "{text}");
+    }
+}
