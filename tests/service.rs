@@ -238,9 +238,7 @@ fn the_api_answers_what_replay_computes() {
     assert_eq!(merchant["payout_reserve"], replayed["merchants"]["m1"]["payout_reserve"]);
     // The service's figures count what this test sent, by route template.
     let posted = scenario_events().iter().filter(|event| !is_wallet_event(event)).count();
-    let metrics = client().get(format!("{}/metrics", serve.base)).bearer_auth(ADMIN_KEY).send().expect("metrics");
-    assert!(metrics.status().is_success(), "GET /metrics: {}", metrics.status());
-    let text = metrics.text().expect("text");
+    let text = metrics_text(&serve.base);
     let value =
         |series: &str| text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')).map(str::to_string);
     let events = r#"paisa_http_requests_total{method="POST",route="/v1/events",status="202"}"#;
@@ -249,6 +247,13 @@ fn the_api_answers_what_replay_computes() {
     assert_eq!(value(order_reads).as_deref(), Some("1"), "{text}");
     assert_eq!(value("paisa_pipeline_lag_records").as_deref(), Some("0"), "{text}");
     assert_pipeline_figures(&text, &replayed, &wallet_sim.base);
+}
+
+/// The service's `GET /metrics`.
+fn metrics_text(base: &str) -> String {
+    let metrics = client().get(format!("{base}/metrics")).bearer_auth(ADMIN_KEY).send().expect("metrics");
+    assert!(metrics.status().is_success(), "GET /metrics: {}", metrics.status());
+    metrics.text().expect("text")
 }
 
 /// The pipeline's figures in a scrape agree with what happened: every provider call the simulator
@@ -355,6 +360,8 @@ fn on_kafka_the_api_answers_what_replay_computes() {
     }
     // The bill table, paged by cursor, from the read model.
     assert_bill_table_pages(&serve.base);
+    // The figures: on Kafka a store commit is a transaction.
+    assert_pipeline_figures(&metrics_text(&serve.base), &replayed, &wallet_sim.base);
 }
 
 /// Merges the SPEC §9 documents of instances that each hold some stage partitions: each shows the
