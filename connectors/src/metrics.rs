@@ -31,18 +31,15 @@ pub const COMMANDS_REJECTED: &str = "paisa_commands_rejected_total";
 /// Records no stage could decode, moved to the dead-letter log.
 pub const DEAD_LETTERS: &str = "paisa_dead_letters_total";
 
-/// Every wallet provider, in the order of [`provider_index`].
-const PROVIDERS: [Provider; 5] =
-    [Provider::Phonepe, Provider::Mobikwik, Provider::Freecharge, Provider::Paytm, Provider::Other];
 /// A call's outcomes: a page (or a detail line), then each error a call can end in.
 const OUTCOMES: [&str; 4] = ["page", "session_expired", "upstream_busy", "detail_unavailable"];
 
 /// The registered handles (see the module's comment).
 pub struct PipelineMetrics {
-    /// By [`provider_index`], then [`outcome_index`].
-    crawl_calls: [[Counter; OUTCOMES.len()]; PROVIDERS.len()],
-    /// By [`provider_index`].
-    crawl_call_duration: [Histogram; PROVIDERS.len()],
+    /// By `provider as usize` (the index in [`Provider::ALL`]), then [`outcome_index`].
+    crawl_calls: [[Counter; OUTCOMES.len()]; Provider::ALL.len()],
+    /// By `provider as usize`.
+    crawl_call_duration: [Histogram; Provider::ALL.len()],
     store_commit_duration: Histogram,
     store_commit_batches: Histogram,
     /// By `reason as usize` (the index in [`Reason::ALL`]).
@@ -56,31 +53,39 @@ impl PipelineMetrics {
     pub fn register() -> PipelineMetrics {
         describe();
         PipelineMetrics {
-            crawl_calls: PROVIDERS.map(|provider| {
-                OUTCOMES.map(|outcome| {
-                    metrics::counter!(CRAWL_CALLS, "provider" => provider_label(provider), "outcome" => outcome)
-                })
+            crawl_calls: Provider::ALL.map(|provider| {
+                OUTCOMES.map(
+                    |outcome| metrics::counter!(CRAWL_CALLS, "provider" => serde_name(provider), "outcome" => outcome),
+                )
             }),
-            crawl_call_duration: PROVIDERS
-                .map(|provider| metrics::histogram!(CRAWL_CALL_DURATION, "provider" => provider_label(provider))),
+            crawl_call_duration: Provider::ALL
+                .map(|provider| metrics::histogram!(CRAWL_CALL_DURATION, "provider" => serde_name(provider))),
             store_commit_duration: metrics::histogram!(STORE_COMMIT_DURATION),
             store_commit_batches: metrics::histogram!(STORE_COMMIT_BATCHES),
             commands_rejected: Reason::ALL
-                .map(|reason| metrics::counter!(COMMANDS_REJECTED, "reason" => reason_label(reason))),
+                .map(|reason| metrics::counter!(COMMANDS_REJECTED, "reason" => serde_name(reason))),
             dead_letters: metrics::counter!(DEAD_LETTERS),
         }
     }
 
     /// A provider call that ended with `outcome` (Ok: a page or a line) after `duration`.
     pub fn crawl_call(&self, provider: Provider, outcome: Result<(), CrawlError>, duration: Duration) {
-        let provider = provider_index(provider);
-        self.crawl_calls[provider][outcome_index(outcome)].increment(1);
-        self.crawl_call_duration[provider].record(duration.as_secs_f64());
+        self.count_call(provider, outcome);
+        if let Some(histogram) = self.crawl_call_duration.get(provider as usize) {
+            histogram.record(duration.as_secs_f64());
+        }
     }
 
     /// A request refused without a call (its ids cannot be a URL): counted by outcome, not timed.
     pub fn crawl_refused(&self, provider: Provider, error: CrawlError) {
-        self.crawl_calls[provider_index(provider)][outcome_index(Err(error))].increment(1);
+        self.count_call(provider, Err(error));
+    }
+
+    fn count_call(&self, provider: Provider, outcome: Result<(), CrawlError>) {
+        // Every provider is in `Provider::ALL` at its own index (tested below).
+        if let Some(calls) = self.crawl_calls.get(provider as usize) {
+            calls[outcome_index(outcome)].increment(1);
+        }
     }
 
     /// A store commit of `batches` batches that took `duration`.
@@ -138,27 +143,6 @@ impl std::fmt::Debug for PipelineMetrics {
     }
 }
 
-fn provider_index(provider: Provider) -> usize {
-    match provider {
-        Provider::Phonepe => 0,
-        Provider::Mobikwik => 1,
-        Provider::Freecharge => 2,
-        Provider::Paytm => 3,
-        Provider::Other => 4,
-    }
-}
-
-/// The provider's name as the SPEC writes it (its serde name).
-fn provider_label(provider: Provider) -> &'static str {
-    match provider {
-        Provider::Phonepe => "phonepe",
-        Provider::Mobikwik => "mobikwik",
-        Provider::Freecharge => "freecharge",
-        Provider::Paytm => "paytm",
-        Provider::Other => "other",
-    }
-}
-
 fn outcome_index(outcome: Result<(), CrawlError>) -> usize {
     match outcome {
         Ok(()) => 0,
@@ -168,12 +152,12 @@ fn outcome_index(outcome: Result<(), CrawlError>) -> usize {
     }
 }
 
-/// The reason code as SPEC §7 and `command_rejected` write it (its serde name).
-fn reason_label(reason: Reason) -> String {
-    match serde_json::to_value(reason) {
+/// A provider's or reason's name as the SPEC and the records write it (its serde name).
+fn serde_name<T: serde::Serialize + std::fmt::Debug>(value: T) -> String {
+    match serde_json::to_value(&value) {
         Ok(serde_json::Value::String(name)) => name,
         // A unit variant always serializes as its name; this is not reached.
-        _ => format!("{reason:?}"),
+        _ => format!("{value:?}"),
     }
 }
 
@@ -188,20 +172,18 @@ mod tests {
     }
 
     #[test]
-    fn every_reason_is_at_its_own_index_and_labelled_as_serde_names_it() {
+    fn every_reason_and_provider_is_at_its_own_index_and_outcomes_are_the_errors_names() {
         for (index, reason) in Reason::ALL.into_iter().enumerate() {
             assert_eq!(reason as usize, index, "{reason:?}");
-            let named = serde_json::to_string(&reason).expect("a name");
-            assert_eq!(format!("\"{}\"", reason_label(reason)), named);
         }
-        for (index, provider) in PROVIDERS.into_iter().enumerate() {
-            assert_eq!(provider_index(provider), index);
-            assert_eq!(format!("\"{}\"", provider_label(provider)), serde_json::to_string(&provider).expect("a name"));
+        for (index, provider) in Provider::ALL.into_iter().enumerate() {
+            assert_eq!(provider as usize, index, "{provider:?}");
         }
+        assert_eq!(serde_name(Reason::InsufficientMerchantBalance), "insufficient_merchant_balance");
+        assert_eq!(serde_name(Provider::Phonepe), "phonepe");
         let errors = [CrawlError::SessionExpired, CrawlError::UpstreamBusy, CrawlError::DetailUnavailable];
         for error in errors {
-            let named = serde_json::to_string(&error).expect("a name");
-            assert_eq!(format!("\"{}\"", OUTCOMES[outcome_index(Err(error))]), named);
+            assert_eq!(OUTCOMES[outcome_index(Err(error))], serde_name(error));
         }
     }
 

@@ -18,6 +18,13 @@ pub enum Provider {
     Other,
 }
 
+impl Provider {
+    /// Every provider, in declaration order (`provider as usize` is its index here): what a service
+    /// keeps a bound or a figure per provider by. A new provider goes here too.
+    pub const ALL: [Provider; 5] =
+        [Provider::Phonepe, Provider::Mobikwik, Provider::Freecharge, Provider::Paytm, Provider::Other];
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {

@@ -122,7 +122,8 @@ pub struct Output {
     pub body: OutputBody,
 }
 
-/// Rejection reasons of SPEC §7 ("Rejection reasons"). Tests compare these codes, never messages.
+/// Rejection reasons of SPEC §7 ("Rejection reasons"). Tests compare these codes, never messages. A
+/// new reason goes into [`Reason::ALL`] too (services count rejections by it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {

@@ -85,8 +85,8 @@ struct Plan {
 pub struct StatementConnector {
     base_url: String,
     client: reqwest::Client,
-    /// One semaphore per `Provider`, indexed by `provider_slot`.
-    slots: [Semaphore; 5],
+    /// One semaphore per `Provider`, indexed by `provider as usize`.
+    slots: [Semaphore; Provider::ALL.len()],
     page_limit_max: u32,
     /// Where each call's outcome and duration are counted.
     metrics: std::sync::Arc<crate::metrics::PipelineMetrics>,
@@ -145,9 +145,10 @@ impl StatementConnector {
             error
         };
         let plan = self.plan(request).map_err(refused)?;
-        // The semaphore is never closed, so acquiring only fails if that invariant is broken.
-        let permit = self.slots[provider_slot(request.provider)].acquire().await;
-        let _permit = permit.map_err(|_| refused(plan.call.failure()))?;
+        // Every provider has a slot (`Provider::ALL`, tested) and the semaphore is never closed, so
+        // neither fails unless that invariant is broken.
+        let slot = self.slots.get(request.provider as usize).ok_or_else(|| refused(plan.call.failure()))?;
+        let _permit = slot.acquire().await.map_err(|_| refused(plan.call.failure()))?;
         let started = std::time::Instant::now();
         let answer = match self.fetch(&plan, request, as_of).await {
             Ok(body) => parse_answer(&plan, request, &body),
@@ -279,16 +280,6 @@ fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
         return Err(format!("the detail of {:?} where {txn_id:?} was asked for", line.txn_id));
     }
     Ok((vec![line], None))
-}
-
-fn provider_slot(provider: Provider) -> usize {
-    match provider {
-        Provider::Phonepe => 0,
-        Provider::Mobikwik => 1,
-        Provider::Freecharge => 2,
-        Provider::Paytm => 3,
-        Provider::Other => 4,
-    }
 }
 
 /// An id as one URL path segment, or None when no URL can carry it: URL parsers resolve `.` and `..`
