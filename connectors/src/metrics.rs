@@ -16,12 +16,13 @@ use pipelines::input::{CrawlError, Provider};
 use pipelines::output::Reason;
 use std::time::Duration;
 
-/// Provider calls by wallet provider and outcome.
+/// Provider calls by wallet provider and outcome, counted once answered (a call abandoned mid-way, as
+/// the service stops, is not).
 pub const CRAWL_CALLS: &str = "paisa_crawl_calls_total";
 /// A provider call's duration, by wallet provider: from the request sent to the answer read (a wait
 /// for the provider's concurrency bound is not in it).
 pub const CRAWL_CALL_DURATION: &str = "paisa_crawl_call_duration_seconds";
-/// A store commit's duration: one transaction and its fsync, whatever the batches it carries.
+/// A store commit's duration: one transaction and its sync to disk, whatever the batches it carries.
 pub const STORE_COMMIT_DURATION: &str = "paisa_store_commit_duration_seconds";
 /// The batches one store commit carries (group commit: processing rounds, connector batches and
 /// requests' ingestions that queued while the one before was written).
