@@ -437,12 +437,9 @@ impl Buckets {
     }
 
     /// Both histograms' samples in one (the same bounds).
-    fn plus(mut self, other: &Buckets) -> Buckets {
-        if self.counts.is_empty() {
-            return Buckets { counts: other.counts.clone(), sum: other.sum };
-        }
-        for ((bound, count), (other_bound, other_count)) in self.counts.iter_mut().zip(&other.counts) {
-            assert_eq!(bound, other_bound, "histograms with the same bounds");
+    fn plus(mut self, other: Buckets) -> Buckets {
+        for ((bound, count), (other_bound, other_count)) in self.counts.iter_mut().zip(other.counts) {
+            assert_eq!(*bound, other_bound, "histograms with the same bounds");
             *count += other_count;
         }
         self.sum += other.sum;
@@ -497,10 +494,15 @@ fn pipeline_figures(before: &str, after: &str, elapsed: Duration) -> String {
             .to_string();
     }
     let batches = phase("paisa_store_commit_batches", "");
-    let providers = ["phonepe", "mobikwik", "freecharge", "paytm", "other"];
-    let calls = providers.iter().fold(Buckets::default(), |calls, provider| {
-        calls.plus(&phase("paisa_crawl_call_duration_seconds", &format!("provider=\"{provider}\",")))
-    });
+    // Every provider's calls in one histogram (the label is the provider's name as SPEC §10 spells it).
+    let calls = pipelines::input::Provider::ALL
+        .map(|provider| {
+            let name = serde_json::to_value(provider).expect("a provider's name");
+            phase("paisa_crawl_call_duration_seconds", &format!("provider={name},"))
+        })
+        .into_iter()
+        .reduce(Buckets::plus)
+        .unwrap_or_default();
     let seconds = elapsed.as_secs_f64();
     format!(
         "store commits in that phase: {} ({:.0}/s, busy {:.0} % of the time), {:.2} batches each, p50 ≤ {}, \
