@@ -136,6 +136,46 @@ pub mod sorted_map {
     }
 }
 
+/// A [`KeyedMap`](crate::keyed::KeyedMap) written as a JSON object sorted by key: the bytes of the
+/// `BTreeMap` it replaced, so the snapshot's format is unchanged. Read back refusing a key given twice.
+pub mod keyed_object {
+    use super::*;
+    use crate::keyed::KeyedMap;
+    use crate::Text;
+
+    pub fn serialize<V: Serialize, S: Serializer>(map: &KeyedMap<V>, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut pairs: Vec<(&Text, &V)> = map.iter().collect();
+        pairs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        serializer.collect_map(pairs)
+    }
+
+    pub fn deserialize<'de, V: Deserialize<'de>, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<KeyedMap<V>, D::Error> {
+        deserializer.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+    }
+
+    struct ObjectVisitor<V>(std::marker::PhantomData<V>);
+
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<V> {
+        type Value = KeyedMap<V>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("an object keyed by id")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut access: A) -> Result<KeyedMap<V>, A::Error> {
+            let mut map = KeyedMap::new();
+            while let Some((key, value)) = access.next_entry::<Text, V>()? {
+                if map.insert(key, value).is_some() {
+                    return Err(serde::de::Error::custom("a map key is given twice"));
+                }
+            }
+            Ok(map)
+        }
+    }
+}
+
 /// An agent's holds with their debt batches (which the holds' own serialization, the user view of SPEC
 /// §9, leaves out): `[hold, debt_batches]` pairs in order.
 pub mod holds {
