@@ -44,14 +44,15 @@ pub const HELD_RECORDS_MAX: usize = 65_536;
 pub const AWAITED_ANSWERS_MAX: usize = 65_536;
 
 /// The answers an agent partition's agents wait for, and what they hold meanwhile.
+///
+/// What is looked up by id (several times per record) is in keyed maps, not `BTreeMap`s: comparing ids
+/// down the trees was ≈ 3 % of the serve process's CPU samples. Each is written into snapshots as the
+/// sorted object its tree was ([`crate::snapshot::keyed_object`]), so the snapshot format is unchanged.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AnswerBarrier {
     /// How long after a request the connector stamps its answer (the event clock's `crawl_latency`).
     answer_delay_s: i64,
     /// Requests asked and not answered yet: request id → the agent asked for and the answer's time.
-    /// Keyed maps, not `BTreeMap`s, for the lookups every record makes (≈ 3 % of the service's CPU
-    /// samples in the serve benchmark went to comparing ids down the trees); written as the sorted
-    /// objects the trees were, so snapshots keep their format.
     #[serde(with = "crate::snapshot::keyed_object")]
     awaited: KeyedMap<(Text, Timestamp)>,
     /// The same requests by (answer time, request id): the earliest is given up first past a bound.

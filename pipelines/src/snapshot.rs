@@ -4,8 +4,9 @@
 //! Encoding: a header line `paisa-partition-snapshot v{N}\n` followed by compact JSON (serde_json). The
 //! header is read before anything else, so a snapshot of another format version is refused clearly,
 //! whatever its body looks like. The JSON is deterministic: struct fields in declaration order, `BTreeMap`
-//! and `BTreeSet` fields in key order, and every hash map written as a sequence of `[key, value]` pairs
-//! sorted by key (the helpers below), so equal states give equal bytes.
+//! and `BTreeSet` fields in key order, and every hash map written sorted by key (the helpers below): as a
+//! sequence of `[key, value]` pairs, or, where a keyed map replaced a `BTreeMap`, as the object the tree
+//! wrote. Equal states give equal bytes.
 //!
 //! Pure: no I/O. Encoding and decoding are functions of their arguments.
 

@@ -145,16 +145,11 @@ impl CommittedRecords {
             bytes_released += kept.pop_front().map_or(0, |forgotten| forgotten.encoded_bytes);
         }
         let mut taken = Vec::new();
-        while taken.len() < records_max {
-            let next = from + taken.len() as u64;
-            if kept.front().is_none_or(|first| first.offset != next) {
-                break;
+        while taken.len() < records_max && kept.front().is_some_and(|first| first.offset == from + taken.len() as u64) {
+            if let Some(KeptRecord { offset, record, encoded_bytes }) = kept.pop_front() {
+                bytes_released += encoded_bytes;
+                taken.push((offset, record));
             }
-            let Some(KeptRecord { offset, record, encoded_bytes }) = kept.pop_front() else {
-                break;
-            };
-            bytes_released += encoded_bytes;
-            taken.push((offset, record));
         }
         self.bytes_kept -= bytes_released;
         taken
