@@ -450,15 +450,16 @@ impl Buckets {
         self.counts.last().map_or(0, |(_, count)| *count)
     }
 
-    /// The upper bound the `fraction` quantile falls under, in milliseconds (`seconds`) or as is.
-    fn bound_of(&self, fraction: f64, seconds: bool) -> String {
+    /// The upper bound the `fraction` quantile falls under, in milliseconds (every histogram read here
+    /// is of seconds).
+    fn bound_of(&self, fraction: f64) -> String {
         let wanted = (fraction * self.total() as f64).ceil() as u64;
         let Some((bound, _)) = self.counts.iter().find(|(_, count)| *count >= wanted) else {
             return "?".to_string();
         };
         match bound.parse::<f64>() {
-            Ok(value) if seconds => format!("{:.2} ms", value * 1e3),
-            _ => bound.clone(),
+            Ok(seconds) => format!("{:.2} ms", seconds * 1e3),
+            Err(_) => bound.clone(),
         }
     }
 }
@@ -478,8 +479,8 @@ fn service_read_latency(client: &reqwest::blocking::Client, serve: &str) -> Stri
     }
     format!(
         "  the same reads inside the service (its /metrics histogram, {total} reads): p50 ≤ {}, p99 ≤ {}",
-        reads.bound_of(0.50, true),
-        reads.bound_of(0.99, true)
+        reads.bound_of(0.50),
+        reads.bound_of(0.99)
     )
 }
 
@@ -511,12 +512,12 @@ fn pipeline_figures(before: &str, after: &str, elapsed: Duration) -> String {
         commits.total() as f64 / seconds,
         100.0 * commits.sum / seconds,
         batches.sum / batches.total().max(1) as f64,
-        commits.bound_of(0.50, true),
-        commits.bound_of(0.99, true),
+        commits.bound_of(0.50),
+        commits.bound_of(0.99),
         calls.total(),
         calls.total() as f64 / seconds,
-        calls.bound_of(0.50, true),
-        calls.bound_of(0.99, true),
+        calls.bound_of(0.50),
+        calls.bound_of(0.99),
     )
 }
 

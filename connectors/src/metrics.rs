@@ -105,9 +105,7 @@ impl PipelineMetrics {
                 counter.increment(1);
             }
         }
-        if counts.dead_letters > 0 {
-            self.dead_letters.increment(counts.dead_letters);
-        }
+        self.dead_letters.increment(counts.dead_letters);
     }
 }
 

@@ -457,8 +457,8 @@ impl RedbStore {
         let (first, last) = (group[0].ticket, group[group.len() - 1].ticket);
         let first_ingestion = group.iter().find(|queued| queued.ingestion.is_some()).map(|queued| queued.ticket);
         debug_assert!(group.windows(2).all(|pair| pair[0].ticket < pair[1].ticket), "tickets in order");
-        // A panic (a bug) must still release the committers waiting for this group.
         let started = std::time::Instant::now();
+        // A panic (a bug) must still release the committers waiting for this group.
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write_group(group)))
             .unwrap_or_else(|_| Err(fatal("writing a group of batches panicked")));
         if written.is_ok() {

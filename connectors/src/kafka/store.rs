@@ -315,23 +315,24 @@ impl KafkaStore {
     fn transact(&self, records: &[Outgoing], offsets: &[(String, u64)]) -> Result<(), RuntimeError> {
         let producer = lock(&self.producer);
         let started = Instant::now();
-        let committed = self.transact_locked(&producer, records, offsets);
+        let committed = if self.config.transactions {
+            self.in_transaction(&producer, records, offsets)
+        } else {
+            self.produce_then_commit(&producer, records, offsets)
+        };
         if committed.is_ok() {
             self.metrics.store_commit(1, started.elapsed());
         }
         committed
     }
 
-    /// [`KafkaStore::transact`] with the producer locked.
-    fn transact_locked(
+    /// With transactions: the records and the offsets in one Kafka transaction, aborted on any failure.
+    fn in_transaction(
         &self,
         producer: &BaseProducer,
         records: &[Outgoing],
         offsets: &[(String, u64)],
     ) -> Result<(), RuntimeError> {
-        if !self.config.transactions {
-            return self.produce_then_commit(producer, records, offsets);
-        }
         producer.begin_transaction().map_err(|error| kafka_error("beginning a transaction", &error))?;
         let result = self.fill_transaction(producer, records, offsets).and_then(|()| {
             producer.commit_transaction(self.timeout()).map_err(|error| kafka_error("committing a transaction", &error))

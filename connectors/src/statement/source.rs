@@ -150,10 +150,7 @@ impl StatementConnector {
         let slot = self.slots.get(request.provider as usize).ok_or_else(|| refused(plan.call.failure()))?;
         let _permit = slot.acquire().await.map_err(|_| refused(plan.call.failure()))?;
         let started = std::time::Instant::now();
-        let answer = match self.fetch(&plan, request, as_of).await {
-            Ok(body) => parse_answer(&plan, request, &body),
-            Err(error) => Err(error),
-        };
+        let answer = self.fetch(&plan, request, as_of).await.and_then(|body| parse_answer(&plan, request, &body));
         let outcome = answer.as_ref().map(|_| ()).map_err(|error| *error);
         self.metrics.crawl_call(request.provider, outcome, started.elapsed());
         answer
