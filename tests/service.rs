@@ -246,6 +246,14 @@ fn the_api_answers_what_replay_computes() {
     let order_reads = r#"paisa_http_request_duration_seconds_count{method="GET",route="/v1/orders/{order_id}"}"#;
     assert_eq!(value(order_reads).as_deref(), Some("1"), "{text}");
     assert_eq!(value("paisa_pipeline_lag_records").as_deref(), Some("0"), "{text}");
+    // And by log: every stage partition's and the connector's, each 0.
+    let logs: Vec<&str> =
+        text.lines().filter_map(|line| line.strip_prefix("paisa_pipeline_log_lag_records{log=\"")).collect();
+    let named = |log: &str| logs.iter().any(|line| line.starts_with(&format!("{log}\"")));
+    assert!(["agent-0", "order-0", "merchant-0", "outputs"].iter().all(|log| named(log)), "{text}");
+    assert!(logs.iter().all(|line| line.ends_with("} 0")), "{text}");
+    let lag = admin_get(&serve.base, "/v1/admin/lag");
+    assert_eq!(lag["logs"].as_object().map(|logs| logs.len()), Some(logs.len()), "{lag}");
     assert_pipeline_figures(&text, &replayed, &wallet_sim.base);
 }
 

@@ -3,9 +3,11 @@
 //!
 //! Recorded: each request's count by method, route and status (`paisa_http_requests_total`), its
 //! duration by method and route (`paisa_http_request_duration_seconds`, a histogram whose buckets are
-//! fine below 10 ms, where the order read's target lies), and the pipeline's lag, read when scraped
-//! (`paisa_pipeline_lag_records`). A duration is the time from routing to the response's head, inside
-//! the service: a client also sees its own queueing and the network.
+//! fine below 10 ms, where the order read's target lies), and the pipeline's lag, read when scraped:
+//! in all (`paisa_pipeline_lag_records`) and by where it waits, so an operator sees which partition
+//! falls behind (`paisa_pipeline_log_lag_records{log}`, `paisa_pipeline_timers_due_partitions`,
+//! `paisa_read_model_unprojected_keys`). A duration is the time from routing to the response's head,
+//! inside the service: a client also sees its own queueing and the network.
 //!
 //! Label sets stay bounded: a route is the router's template (`/v1/orders/{order_id}`), never the ids
 //! of a request's path (an unrouted request counts under `unmatched`), and a method outside the
@@ -21,6 +23,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use connectors::runtime::LagReport;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +31,9 @@ use std::time::{Duration, Instant};
 const REQUESTS: &str = "paisa_http_requests_total";
 const DURATION: &str = "paisa_http_request_duration_seconds";
 const LAG: &str = "paisa_pipeline_lag_records";
+const LOG_LAG: &str = "paisa_pipeline_log_lag_records";
+const TIMERS_DUE: &str = "paisa_pipeline_timers_due_partitions";
+const UNPROJECTED: &str = "paisa_read_model_unprojected_keys";
 
 /// Upper bounds of the duration buckets, in seconds: of every `…_seconds` histogram (requests,
 /// provider calls, store commits).
@@ -70,7 +76,13 @@ impl Metrics {
         metrics::with_local_recorder(&recorder, || {
             metrics::describe_counter!(REQUESTS, "HTTP requests answered, by method, route template and status.");
             metrics::describe_histogram!(DURATION, "HTTP requests, from routing to the response's head.");
-            metrics::describe_gauge!(LAG, "Records appended to any log and not yet processed.");
+            metrics::describe_gauge!(
+                LAG,
+                "Everything not yet processed: the sum of the log lags, timers due and unprojected keys."
+            );
+            metrics::describe_gauge!(LOG_LAG, "Records appended to a log and not yet applied by its consumer, by log.");
+            metrics::describe_gauge!(TIMERS_DUE, "Partitions with a timer due that the ticker has yet to tick for.");
+            metrics::describe_gauge!(UNPROJECTED, "Keys committed and not yet written to the read model.");
         });
         Metrics { recorder, handle, samples: AtomicU64::new(0) }
     }
@@ -96,10 +108,18 @@ impl Metrics {
         self.handle.run_upkeep();
     }
 
-    /// The text a scrape gets, with the lag as of now.
-    fn render(&self, lag_records: u64) -> String {
-        // A gauge holds an f64: exact for any lag below 2^53 records.
-        metrics::with_local_recorder(&self.recorder, || metrics::gauge!(LAG).set(lag_records as f64));
+    /// The text a scrape gets, with the lag as of now. The logs are the same at every scrape (every
+    /// stage partition's, and the connector's once attached), so no log's series goes stale.
+    fn render(&self, lag: &LagReport) -> String {
+        // A gauge holds an f64: exact for any figure below 2^53.
+        metrics::with_local_recorder(&self.recorder, || {
+            metrics::gauge!(LAG).set(lag.total() as f64);
+            for (log, records) in &lag.logs {
+                metrics::gauge!(LOG_LAG, "log" => log.clone()).set(*records as f64);
+            }
+            metrics::gauge!(TIMERS_DUE).set(lag.timers_due as f64);
+            metrics::gauge!(UNPROJECTED).set(lag.unprojected as f64);
+        });
         self.handle.render()
     }
 }
@@ -138,7 +158,7 @@ pub(super) async fn record_request(State(state): State<ApiState>, request: Reque
 /// `GET /metrics`.
 pub(super) async fn scrape(State(state): State<ApiState>, caller: Caller) -> Result<Response, ApiError> {
     caller.require_admin()?;
-    let text = state.metrics.render(state.pipeline.lag());
+    let text = state.metrics.render(&state.pipeline.lag_report());
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
@@ -155,7 +175,7 @@ mod tests {
             let route = if index % 2 == 0 { "/a" } else { "/b" };
             metrics.record_request("GET", route.to_string(), 200, Duration::from_micros(index * 37 % 7_000));
         }
-        let text = metrics.render(0);
+        let text = metrics.render(&LagReport::default());
         let value = |start: &str| -> u64 {
             let line = text.lines().find(|line| line.starts_with(start)).unwrap_or_else(|| panic!("{start} in {text}"));
             line.rsplit(' ').next().unwrap().parse().unwrap()

@@ -147,5 +147,11 @@ async fn snapshot(State(state): State<ApiState>, caller: Caller) -> Result<Json<
 
 async fn lag(State(state): State<ApiState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
-    Ok(Json(json!({"lag": state.pipeline.lag()})))
+    let report = state.pipeline.lag_report();
+    Ok(Json(json!({
+        "lag": report.total(),
+        "logs": report.logs,
+        "timers_due": report.timers_due,
+        "unprojected": report.unprojected,
+    })))
 }

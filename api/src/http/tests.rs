@@ -3,7 +3,7 @@
 
 use super::auth::sha256_hex;
 use super::{router, ApiState, ClockMode, Limits};
-use connectors::runtime::{Appended, Page, PipelineHandle, RuntimeError};
+use connectors::runtime::{Appended, LagReport, Page, PipelineHandle, RuntimeError};
 use pipelines::input::{Command, Party};
 use pipelines::{Input, Timestamp};
 use serde_json::{json, Value};
@@ -117,8 +117,9 @@ impl PipelineHandle for FakePipeline {
     fn snapshot(&self) -> Value {
         json!({"clock": T0, "users": {}, "merchants": {}, "orders": {}, "outputs": []})
     }
-    fn lag(&self) -> u64 {
-        7
+    fn lag_report(&self) -> LagReport {
+        let logs = [("agent-0", 4), ("outputs", 1)].map(|(log, records)| (log.to_string(), records));
+        LagReport { logs: logs.into_iter().collect(), timers_due: 1, unprojected: 1 }
     }
     fn ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
@@ -706,7 +707,8 @@ async fn reads_answer_json_and_pages_are_bounded() {
     let queue = server.get("/v1/admin/review-queue", Some(ADMIN)).await;
     assert_eq!(queue.body["items"], json!([{"cursor": null, "limit": 100}]));
 
-    assert_eq!(server.get("/v1/admin/lag", Some(ADMIN)).await.body, json!({"lag": 7}));
+    let lag = json!({"lag": 7, "logs": {"agent-0": 4, "outputs": 1}, "timers_due": 1, "unprojected": 1});
+    assert_eq!(server.get("/v1/admin/lag", Some(ADMIN)).await.body, lag);
     assert_eq!(server.get("/v1/admin/snapshot", Some(ADMIN)).await.body["clock"], T0);
     assert_eq!(server.get("/v1/users/u1/balance", Some(ADMIN)).await.body, json!({"available": "100.00"}));
 }
@@ -774,6 +776,11 @@ async fn metrics_count_and_time_requests_by_route_template_for_the_admin_only() 
     assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]), "{buckets:?}");
     assert_eq!(buckets.last(), Some(&3));
     assert_eq!(line("paisa_pipeline_lag_records"), "7");
+    // The lag by where it waits: a series per log, labelled with the log's name.
+    assert_eq!(line(r#"paisa_pipeline_log_lag_records{log="agent-0"}"#), "4");
+    assert_eq!(line(r#"paisa_pipeline_log_lag_records{log="outputs"}"#), "1");
+    assert_eq!(line("paisa_pipeline_timers_due_partitions"), "1");
+    assert_eq!(line("paisa_read_model_unprojected_keys"), "1");
     // Ids never become labels: only route templates do.
     assert!(!text.contains("/v1/orders/o1") && !text.contains("nothing-here"), "{text}");
 }

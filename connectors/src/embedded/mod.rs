@@ -1140,8 +1140,8 @@ impl PipelineHandle for Embedded {
         reads::snapshot(&self.inner)
     }
 
-    fn lag(&self) -> u64 {
-        reads::lag(&self.inner)
+    fn lag_report(&self) -> crate::runtime::LagReport {
+        reads::lag_report(&self.inner)
     }
 
     fn ready(&self) -> bool {
@@ -1247,6 +1247,61 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The lag names the logs records wait in: appended before any processing thread runs, each
+    /// input waits in the log of its key's partition, and its figure is that log's; once processed,
+    /// every log's figure is 0. The outputs log counts only once a connector consumes it.
+    #[test]
+    fn the_lag_is_reported_by_the_log_records_wait_in() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        let store = store::RedbStore::open(directory.path()).expect("opens");
+        let inner = Embedded::restore_inner(config, Box::new(store), None).expect("restored");
+        let embedded = Embedded::restored(inner);
+        let inputs = pipeline_inputs(6, 1);
+        embedded.append(inputs.clone()).expect("appended");
+
+        let report = embedded.lag_report();
+        let stage_logs: Vec<String> =
+            embedded.inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+        // Every stage log, and no outputs log while no connector consumes it.
+        let mut expected: BTreeMap<String, u64> = stage_logs.iter().map(|log| (log.clone(), 0)).collect();
+        for input in &inputs {
+            let Routed::Message(message) = route_input(input.clone()) else { panic!("keyed inputs only") };
+            let (kind, key) = pipelines::partition::destination(&message);
+            let partition = pipelines::partition::partition_of(key, embedded.inner.config.partitions);
+            *expected.entry(stage_log(kind, partition)).or_default() += 1;
+        }
+        assert_eq!(report.logs, expected);
+        assert_eq!(report.total(), inputs.len() as u64 + report.timers_due + report.unprojected);
+
+        embedded.attach_connector();
+        assert_eq!(embedded.lag_report().logs.get(OUTPUTS_LOG), Some(&0), "nothing asked of the connector yet");
+        embedded.spawn_threads().expect("threads");
+        embedded.inner.ready.store(true, Ordering::SeqCst);
+        // A deposit for a merchant nobody registered: its `command_rejected` is the one output.
+        let command = pipelines::input::Command::MerchantDeposit(pipelines::input::MerchantDeposit {
+            merchant_id: "nobody".into(),
+            amount: "1.00".into(),
+        });
+        let at = inputs.last().expect("inputs").at;
+        embedded.append(vec![Input { event_id: "rejected".into(), at, command }]).expect("appended");
+        let started = std::time::Instant::now();
+        // With a connector attached and none running, the outputs wait in the outputs log, and only there.
+        let report = loop {
+            let report = embedded.lag_report();
+            let stages_done = report.logs.iter().all(|(log, records)| log == OUTPUTS_LOG || *records == 0);
+            if stages_done && report.timers_due == 0 {
+                break report;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "still waiting: {report:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(report.logs[OUTPUTS_LOG], embedded.store().head(OUTPUTS_LOG).expect("a head"));
+        assert_eq!(report.logs[OUTPUTS_LOG], 1, "the rejection waits for the connector: {report:?}");
+        assert_eq!(report.total(), 1);
+        embedded.stop();
     }
 
     /// Rounds applied while the round before commits (`run_pipelined`) read every record once: each

@@ -412,8 +412,8 @@ impl crate::runtime::PipelineHandle for ReadModelPipeline {
     fn snapshot(&self) -> Value {
         self.pipeline.snapshot()
     }
-    fn lag(&self) -> u64 {
-        self.pipeline.lag()
+    fn lag_report(&self) -> crate::runtime::LagReport {
+        self.pipeline.lag_report()
     }
     fn ready(&self) -> bool {
         self.pipeline.ready()

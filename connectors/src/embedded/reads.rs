@@ -2,7 +2,7 @@
 //! the write lock of its own partition only for the in-memory part of one batch).
 
 use super::Inner;
-use crate::runtime::{read_lock, stage_log, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::runtime::{read_lock, stage_log, LagReport, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
 use pipelines::segmented::Segmented;
@@ -325,30 +325,35 @@ fn outputs(inner: &Inner) -> Vec<Value> {
         .collect()
 }
 
-/// Records appended and not yet processed, over every stage log and the connector's backlog (read
-/// together, in one transaction), plus one per partition with a timer due that the ticker has yet to
-/// tick: 0 means nothing more happens without new input.
-pub(super) fn lag(inner: &Inner) -> u64 {
-    let logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
-    let mut pairs: Vec<(&str, &str)> = logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
+/// What is appended and not yet processed, by log: every stage log's backlog and the connector's
+/// (read together, in one transaction), with the records each agent partition holds for an answer in
+/// flight, plus the partitions with a timer due that the ticker has yet to tick and the keys not yet
+/// in the read model. A total of 0 means nothing more happens without new input.
+pub(super) fn lag_report(inner: &Inner) -> LagReport {
+    let stage_logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+    // A stage log's consumer is named after its log.
+    let mut pairs: Vec<(&str, &str)> = stage_logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
     if inner.connector_attached.load(std::sync::atomic::Ordering::SeqCst) {
         pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
     }
-    // An unreadable store is not quiescent.
-    let backlog = inner.store.backlog(&pairs).unwrap_or(u64::MAX);
-    // Keys committed but not yet in the read model count too: a client that saw lag 0 reads them there.
-    let unprojected = inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64);
+    // An unreadable store is not quiescent: every log's figure is unknown.
+    let backlog = inner.store.backlog(&pairs).unwrap_or_else(|_| vec![u64::MAX; pairs.len()]);
+    debug_assert_eq!(backlog.len(), pairs.len(), "a figure per log");
+    let mut report = LagReport {
+        logs: pairs.iter().zip(backlog).map(|((log, _), records)| (log.to_string(), records)).collect(),
+        timers_due: super::partitions_due(inner, super::ticker_now_ms(inner)),
+        // Keys committed but not yet in the read model count too: a client that saw lag 0 reads them there.
+        unprojected: inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64),
+    };
     // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
     // another instance's connector answers, this instance's backlog does not show that answer).
-    let held: u64 = inner
-        .partitions
-        .values()
-        .map(|partition| read_lock(partition).answer_barrier().map_or(0, |barrier| barrier.held() as u64))
-        .sum();
-    backlog
-        .saturating_add(super::partitions_due(inner, super::ticker_now_ms(inner)))
-        .saturating_add(unprojected)
-        .saturating_add(held)
+    for (&(kind, index), partition) in &inner.partitions {
+        let held = read_lock(partition).answer_barrier().map_or(0, |barrier| barrier.held() as u64);
+        if let Some(records) = report.logs.get_mut(&stage_log(kind, index)) {
+            *records = records.saturating_add(held);
+        }
+    }
+    report
 }
 
 #[cfg(test)]

@@ -579,20 +579,19 @@ impl RedbStore {
         }
     }
 
-    /// Records appended to each (log, consumer) pair's log and not yet consumed, summed, read in one
+    /// Records appended to each (log, consumer) pair's log and not yet consumed, read in one
     /// transaction: a batch that consumes from one log and appends to another moves its records
-    /// between logs atomically, so the sum never misses them (separate reads could see neither).
-    fn backlog_in_one_transaction(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+    /// between logs atomically, so the figures never miss them (separate reads could see neither).
+    fn backlog_in_one_transaction(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let heads = transaction.open_table(HEADS).map_err(fatal)?;
         let offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
-        let mut backlog = 0u64;
-        for (log, consumer) in pairs {
+        let backlog_of = |(log, consumer): &(&str, &str)| {
             let head = heads.get(*log).map_err(fatal)?.map_or(0, |value| value.value());
             let committed = offsets.get(*consumer).map_err(fatal)?.map_or(0, |value| value.value());
-            backlog = backlog.saturating_add(head.saturating_sub(committed));
-        }
-        Ok(backlog)
+            Ok(head.saturating_sub(committed))
+        };
+        pairs.iter().map(backlog_of).collect()
     }
 
     fn read_u64(&self, table: TableDefinition<&str, u64>, key: &str) -> Result<u64, RuntimeError> {
@@ -887,7 +886,7 @@ impl Store for RedbStore {
         Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
     }
 
-    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
         self.backlog_in_one_transaction(pairs)
     }
 

@@ -771,14 +771,10 @@ impl Store for KafkaStore {
 
     /// Sharing the partitions, the offsets of logs another instance consumes are read from the state
     /// topic (this instance's cache only knows its own commits).
-    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
         let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
         let committed = self.committed_all(&consumers)?;
-        let mut backlog = 0u64;
-        for ((log, _), next) in pairs.iter().zip(committed) {
-            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(next));
-        }
-        Ok(backlog)
+        pairs.iter().zip(committed).map(|((log, _), next)| Ok(self.head(log)?.saturating_sub(next))).collect()
     }
 
     fn committed_all(&self, consumers: &[String]) -> Result<Vec<u64>, RuntimeError> {

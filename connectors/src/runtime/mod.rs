@@ -42,6 +42,30 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
+/// What a pipeline has not yet processed, by where it waits, so an operator sees which partition
+/// falls behind (a hot agent, a slow provider), not only that something does. Every figure is as of
+/// one read of the store; a figure that could not be read is `u64::MAX` (unknown is not quiescent).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LagReport {
+    /// Records appended to each log and not yet applied by its consumer, by log name: every stage
+    /// log (records an agent partition holds for a provider answer in flight count as not applied),
+    /// and the outputs log while a statement connector consumes it (crawls not yet answered).
+    pub logs: std::collections::BTreeMap<String, u64>,
+    /// Partitions with a timer due that the ticker has yet to tick for.
+    pub timers_due: u64,
+    /// Keys committed and not yet written to the read model (a client that sees lag 0 reads them there).
+    pub unprojected: u64,
+}
+
+impl LagReport {
+    /// Every figure added up, saturating: 0 means nothing more happens without new input.
+    pub fn total(&self) -> u64 {
+        self.logs
+            .values()
+            .fold(self.timers_due.saturating_add(self.unprojected), |total, records| total.saturating_add(*records))
+    }
+}
+
 /// What the HTTP API needs from a running pipeline, whatever its backend. Reads are served from
 /// materialised state; every value is JSON shaped like the SPEC §9 document's parts.
 pub trait PipelineHandle: Send + Sync + 'static {
@@ -92,8 +116,13 @@ pub trait PipelineHandle: Send + Sync + 'static {
     fn card_owner(&self, card_id: &str) -> Option<String>;
     /// The SPEC §9 document of the current state.
     fn snapshot(&self) -> Value;
-    /// Records appended to any log and not yet processed (0 = quiescent; tests wait for it).
-    fn lag(&self) -> u64;
+    /// What is appended and not yet processed, log by log (all 0 = quiescent).
+    fn lag_report(&self) -> LagReport;
+    /// Records appended to any log and not yet processed: [`LagReport::total`] (0 = quiescent; tests
+    /// wait for it).
+    fn lag(&self) -> u64 {
+        self.lag_report().total()
+    }
     /// Whether state has been restored and the processing loops run.
     fn ready(&self) -> bool;
     /// Stores a merchant API key, given as the hex SHA-256 of the token (tokens are never stored).
@@ -237,15 +266,11 @@ pub trait Store: Send + Sync + 'static {
     fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
         Ok(None)
     }
-    /// Records appended to each (log, consumer) pair's log and not yet consumed, summed. A store that can
-    /// read every head and offset in one snapshot overrides this (a batch moving records between two
-    /// logs is then never missed by the sum).
-    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<u64, RuntimeError> {
-        let mut backlog = 0u64;
-        for (log, consumer) in pairs {
-            backlog = backlog.saturating_add(self.head(log)?.saturating_sub(self.committed(consumer)?));
-        }
-        Ok(backlog)
+    /// Records appended to each (log, consumer) pair's log and not yet consumed, one figure per pair in
+    /// their order. A store that can read every head and offset in one snapshot overrides this (a batch
+    /// moving records between two logs is then never missed by the sum).
+    fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
+        pairs.iter().map(|(log, consumer)| Ok(self.head(log)?.saturating_sub(self.committed(consumer)?))).collect()
     }
     /// The next offsets of `consumers` as far as this instance knows, including what other instances
     /// sharing the partitions committed (a shared store reads their commits first). Never lower than an
