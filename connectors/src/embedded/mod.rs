@@ -1250,8 +1250,9 @@ mod tests {
     }
 
     /// The lag names the logs records wait in: appended before any processing thread runs, each
-    /// input waits in the log of its key's partition, and its figure is that log's; once processed,
-    /// every log's figure is 0. The outputs log counts only once a connector consumes it.
+    /// input waits in the log of its key's partition and counts in that log's figure. The outputs log
+    /// counts only once a connector consumes it; once the stages have processed everything, their
+    /// logs' figures are 0 and the outputs no connector has read are the whole lag.
     #[test]
     fn the_lag_is_reported_by_the_log_records_wait_in() {
         let directory = tempfile::tempdir().expect("a temporary directory");

@@ -43,13 +43,14 @@ pub struct Page {
 }
 
 /// What a pipeline has not yet processed, by where it waits, so an operator sees which partition
-/// falls behind (a hot agent, a slow provider), not only that something does. Every figure is as of
-/// one read of the store; a figure that could not be read is `u64::MAX` (unknown is not quiescent).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// falls behind (a hot agent, a slow provider), not only that something does. The logs' backlogs come
+/// from one read of the store; a backlog that could not be read is `u64::MAX` (unknown is not
+/// quiescent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LagReport {
     /// Records appended to each log and not yet applied by its consumer, by log name: every stage
     /// log (records an agent partition holds for a provider answer in flight count as not applied),
-    /// and the outputs log while a statement connector consumes it (crawls not yet answered).
+    /// and the outputs log while a statement connector consumes it (outputs it has not yet read).
     pub logs: std::collections::BTreeMap<String, u64>,
     /// Partitions with a timer due that the ticker has yet to tick for.
     pub timers_due: u64,
@@ -268,7 +269,7 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Records appended to each (log, consumer) pair's log and not yet consumed, one figure per pair in
     /// their order. A store that can read every head and offset in one snapshot overrides this (a batch
-    /// moving records between two logs is then never missed by the sum).
+    /// moving records between two logs is then never missed by the figures).
     fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
         pairs.iter().map(|(log, consumer)| Ok(self.head(log)?.saturating_sub(self.committed(consumer)?))).collect()
     }
