@@ -12,7 +12,7 @@ use pipelines::stages::merchant::MerchantStage;
 use pipelines::stages::order::OrderStage;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::RwLockReadGuard;
+use std::sync::{RwLock, RwLockReadGuard};
 
 /// Outputs the snapshot reads at most (the document of a long-running service is for tests and audits;
 /// the API pages everything else).
@@ -330,9 +330,10 @@ fn outputs(inner: &Inner) -> Vec<Value> {
 /// flight, plus the partitions with a timer due that the ticker has yet to tick and the keys not yet
 /// in the read model. A total of 0 means nothing more happens without new input.
 pub(super) fn lag_report(inner: &Inner) -> LagReport {
-    let stage_logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+    let stage_logs: Vec<(String, &RwLock<StagePartition>)> =
+        inner.partitions.iter().map(|(&(kind, index), partition)| (stage_log(kind, index), &**partition)).collect();
     // A stage log's consumer is named after its log.
-    let mut pairs: Vec<(&str, &str)> = stage_logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
+    let mut pairs: Vec<(&str, &str)> = stage_logs.iter().map(|(log, _)| (log.as_str(), log.as_str())).collect();
     if inner.connector_attached.load(std::sync::atomic::Ordering::SeqCst) {
         pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
     }
@@ -347,9 +348,9 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
     };
     // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
     // another instance's connector answers, this instance's backlog does not show that answer).
-    for (&(kind, index), partition) in &inner.partitions {
+    for (log, partition) in &stage_logs {
         let held = read_lock(partition).answer_barrier().map_or(0, |barrier| barrier.held() as u64);
-        if let Some(records) = report.logs.get_mut(&stage_log(kind, index)) {
+        if let Some(records) = report.logs.get_mut(log) {
             *records = records.saturating_add(held);
         }
     }
