@@ -254,6 +254,13 @@ fn the_api_answers_what_replay_computes() {
     assert!(logs.iter().all(|line| line.ends_with("} 0")), "{text}");
     let lag = admin_get(&serve.base, "/v1/admin/lag");
     assert_eq!(lag["logs"].as_object().map(|logs| logs.len()), Some(logs.len()), "{lag}");
+    // Nothing waits, so no log is behind the clock.
+    let lag_seconds: Vec<&str> =
+        text.lines().filter_map(|line| line.strip_prefix("paisa_pipeline_log_lag_seconds{log=\"")).collect();
+    assert_eq!(lag_seconds.len(), logs.len(), "{text}");
+    assert!(lag_seconds.iter().all(|line| line.ends_with("} 0")), "{text}");
+    let logs_lag_ms = lag["logs_lag_ms"].as_object().expect("the embedded store reads the lag in time");
+    assert!(logs_lag_ms.len() == logs.len() && logs_lag_ms.values().all(|lag_ms| lag_ms == 0), "{lag}");
     assert_pipeline_figures(&text, &replayed, &wallet_sim.base);
 }
 

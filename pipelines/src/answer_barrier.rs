@@ -242,6 +242,14 @@ impl AnswerBarrier {
         self.held
     }
 
+    /// The earliest event time among the records at the front of each agent's held queue: how far
+    /// back the oldest work this partition has consumed but not applied goes (None: nothing held).
+    /// Each agent's front only, not every held record: bounded by the agents waiting, for a read
+    /// made under the partition's lock at every lag report.
+    pub fn first_held_at(&self) -> Option<Timestamp> {
+        self.waiting.values().filter_map(|waiting| waiting.held.front().map(|record| record.at)).min()
+    }
+
     /// Answers awaited now.
     pub fn awaited(&self) -> usize {
         self.awaited.len()
@@ -407,6 +415,13 @@ mod tests {
         barrier.defer_timer("u1", (at(15), 2), timer("u1"));
         barrier.defer_timer("u1", (at(12), 7), timer("u1"));
         assert_eq!((barrier.held(), barrier.agents_waiting()), (1, 1));
+        assert_eq!(barrier.first_held_at(), Some(at(20)));
+        barrier.await_answers(&[asked("u2", "k2:1", 3)]);
+        barrier.hold("u2", answer("u2", "other", 9));
+        barrier.hold("u2", answer("u2", "other", 5));
+        assert_eq!(barrier.first_held_at(), Some(at(9)), "the earliest of the agents' first held records");
+        assert_eq!(barrier.take_answer(&answer("u2", "k2:1", 4)).as_deref(), Some("u2"));
+        assert_eq!(std::iter::from_fn(|| barrier.release("u2")).count(), 2);
         assert!(barrier.release("u1").is_none(), "blocked until the answer");
         barrier.check().expect("consistent");
         assert_eq!(barrier.take_answer(&answer("u1", "k1:1", 11)).as_deref(), Some("u1"));

@@ -6,7 +6,9 @@
 //! fine below 10 ms, where the order read's target lies), and the pipeline's lag, read when scraped:
 //! in all (`paisa_pipeline_lag_records`) and by where it waits, so an operator sees which partition
 //! falls behind (`paisa_pipeline_log_lag_records{log}`, `paisa_pipeline_timers_due_partitions`,
-//! `paisa_read_model_unprojected_keys`). A duration is the time from routing to the response's head,
+//! `paisa_read_model_unprojected_keys`), and how stale each log's results are: the pipeline's clock
+//! less the event time of the first record waiting (`paisa_pipeline_log_lag_seconds{log}`, on the
+//! embedded store). A duration is the time from routing to the response's head,
 //! inside the service: a client also sees its own queueing and the network.
 //!
 //! Label sets stay bounded: a route is the router's template (`/v1/orders/{order_id}`), never the ids
@@ -32,6 +34,7 @@ const REQUESTS: &str = "paisa_http_requests_total";
 const DURATION: &str = "paisa_http_request_duration_seconds";
 const LAG: &str = "paisa_pipeline_lag_records";
 const LOG_LAG: &str = "paisa_pipeline_log_lag_records";
+const LOG_LAG_SECONDS: &str = "paisa_pipeline_log_lag_seconds";
 const TIMERS_DUE: &str = "paisa_pipeline_timers_due_partitions";
 const UNPROJECTED: &str = "paisa_read_model_unprojected_keys";
 
@@ -116,6 +119,10 @@ impl Metrics {
             metrics::gauge!(LAG).set(lag.total() as f64);
             for (log, records) in &lag.logs {
                 metrics::gauge!(LOG_LAG, "log" => log.clone()).set(*records as f64);
+            }
+            // Unknown is `u64::MAX` milliseconds, as unknown records are `u64::MAX` records: never 0.
+            for (log, lag_ms) in &lag.lag_ms {
+                metrics::gauge!(LOG_LAG_SECONDS, "log" => log.clone()).set(*lag_ms as f64 / 1_000.0);
             }
             metrics::gauge!(TIMERS_DUE).set(lag.timers_due as f64);
             metrics::gauge!(UNPROJECTED).set(lag.unprojected as f64);

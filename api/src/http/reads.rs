@@ -153,5 +153,6 @@ async fn lag(State(state): State<ApiState>, caller: Caller) -> Result<Json<Value
         "logs": report.logs,
         "timers_due": report.timers_due,
         "unprojected": report.unprojected,
+        "logs_lag_ms": report.lag_ms,
     })))
 }

@@ -119,7 +119,13 @@ impl PipelineHandle for FakePipeline {
     }
     fn lag_report(&self) -> LagReport {
         let logs = [("agent-0", 4), ("outputs", 1)].map(|(log, records)| (log.to_string(), records));
-        LagReport { logs: logs.into_iter().collect(), timers_due: 1, unprojected: 1 }
+        let lag_ms = [("agent-0", 2_500), ("outputs", u64::MAX)].map(|(log, lag_ms)| (log.to_string(), lag_ms));
+        LagReport {
+            logs: logs.into_iter().collect(),
+            timers_due: 1,
+            unprojected: 1,
+            lag_ms: lag_ms.into_iter().collect(),
+        }
     }
     fn ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
@@ -707,7 +713,8 @@ async fn reads_answer_json_and_pages_are_bounded() {
     let queue = server.get("/v1/admin/review-queue", Some(ADMIN)).await;
     assert_eq!(queue.body["items"], json!([{"cursor": null, "limit": 100}]));
 
-    let lag = json!({"lag": 7, "logs": {"agent-0": 4, "outputs": 1}, "timers_due": 1, "unprojected": 1});
+    let logs_lag_ms = json!({"agent-0": 2_500, "outputs": u64::MAX});
+    let lag = json!({"lag": 7, "logs": {"agent-0": 4, "outputs": 1}, "timers_due": 1, "unprojected": 1, "logs_lag_ms": logs_lag_ms});
     assert_eq!(server.get("/v1/admin/lag", Some(ADMIN)).await.body, lag);
     assert_eq!(server.get("/v1/admin/snapshot", Some(ADMIN)).await.body["clock"], T0);
     assert_eq!(server.get("/v1/users/u1/balance", Some(ADMIN)).await.body, json!({"available": "100.00"}));
@@ -779,6 +786,10 @@ async fn metrics_count_and_time_requests_by_route_template_for_the_admin_only() 
     // The lag by where it waits: a series per log, labelled with the log's name.
     assert_eq!(line(r#"paisa_pipeline_log_lag_records{log="agent-0"}"#), "4");
     assert_eq!(line(r#"paisa_pipeline_log_lag_records{log="outputs"}"#), "1");
+    // And how far behind the clock each log is, in seconds; unknown is never 0.
+    assert_eq!(line(r#"paisa_pipeline_log_lag_seconds{log="agent-0"}"#), "2.5");
+    let unknown: f64 = line(r#"paisa_pipeline_log_lag_seconds{log="outputs"}"#).parse().unwrap();
+    assert_eq!(unknown, u64::MAX as f64 / 1_000.0);
     assert_eq!(line("paisa_pipeline_timers_due_partitions"), "1");
     assert_eq!(line("paisa_read_model_unprojected_keys"), "1");
     // Ids never become labels: only route templates do.

@@ -1276,6 +1276,17 @@ mod tests {
         }
         assert_eq!(report.logs, expected);
         assert_eq!(report.total(), inputs.len() as u64 + report.timers_due + report.unprojected);
+        // Behind the clock (the latest `at` ingested) by the time of each log's first input.
+        let now_ms = inputs.iter().map(|input| input.at.millis()).max().expect("inputs");
+        let mut expected_lag_ms: BTreeMap<String, u64> = stage_logs.iter().map(|log| (log.clone(), 0)).collect();
+        for input in inputs.iter().rev() {
+            let Routed::Message(message) = route_input(input.clone()) else { panic!("keyed inputs only") };
+            let (kind, key) = pipelines::partition::destination(&message);
+            let partition = pipelines::partition::partition_of(key, embedded.inner.config.partitions);
+            expected_lag_ms.insert(stage_log(kind, partition), (now_ms - input.at.millis()) as u64);
+        }
+        assert_eq!(report.lag_ms, expected_lag_ms);
+        assert!(report.lag_ms.values().any(|lag_ms| *lag_ms > 0), "inputs span time: {report:?}");
 
         embedded.attach_connector();
         assert_eq!(embedded.lag_report().logs.get(OUTPUTS_LOG), Some(&0), "nothing asked of the connector yet");
@@ -1286,7 +1297,8 @@ mod tests {
             merchant_id: "nobody".into(),
             amount: "1.00".into(),
         });
-        let at = inputs.last().expect("inputs").at;
+        // Stamped before the clock, so that the output waiting for the connector is behind it.
+        let at = inputs.first().expect("inputs").at;
         embedded.append(vec![Input { event_id: "rejected".into(), at, command }]).expect("appended");
         let started = std::time::Instant::now();
         // With a connector attached and none running, the outputs wait in the outputs log, and only there.
@@ -1302,6 +1314,12 @@ mod tests {
         assert_eq!(report.logs[OUTPUTS_LOG], embedded.store().head(OUTPUTS_LOG).expect("a head"));
         assert_eq!(report.logs[OUTPUTS_LOG], 1, "the rejection waits for the connector: {report:?}");
         assert_eq!(report.total(), 1);
+        let (_, output) = embedded.store().read(OUTPUTS_LOG, 0, 1).expect("read").pop().expect("the rejection");
+        let output_at = crate::runtime::record_event_time(OUTPUTS_LOG, &output).expect("an output's time");
+        let output_lag_ms = (now_ms - output_at.millis()) as u64;
+        assert!(output_lag_ms > 0, "stamped before the clock: {report:?}");
+        assert_eq!(report.lag_ms[OUTPUTS_LOG], output_lag_ms);
+        assert!(report.lag_ms.iter().all(|(log, lag_ms)| log == OUTPUTS_LOG || *lag_ms == 0), "{report:?}");
         embedded.stop();
     }
 

@@ -2,7 +2,7 @@
 //! the write lock of its own partition only for the in-memory part of one batch).
 
 use super::Inner;
-use crate::runtime::{read_lock, stage_log, LagReport, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
+use crate::runtime::{read_lock, record_event_time, stage_log, LagReport, Page, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use pipelines::document::{merchant_view, order_is_shown, order_view, user_view};
 use pipelines::partition::{partition_of, StageKind, StagePartition, StageState};
 use pipelines::segmented::Segmented;
@@ -10,6 +10,7 @@ use pipelines::stages::agent::state::{Agent, SubState};
 use pipelines::stages::agent::AgentStage;
 use pipelines::stages::merchant::MerchantStage;
 use pipelines::stages::order::OrderStage;
+use pipelines::time::Timestamp;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{RwLock, RwLockReadGuard};
@@ -340,21 +341,58 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
     // An unreadable store is not quiescent: every log's figure is unknown.
     let backlog = inner.store.backlog(&pairs).unwrap_or_else(|_| vec![u64::MAX; pairs.len()]);
     debug_assert_eq!(backlog.len(), pairs.len(), "a figure per log");
+    let now_ms = super::ticker_now_ms(inner);
     let mut report = LagReport {
         logs: pairs.iter().zip(backlog).map(|((log, _), records)| (log.to_string(), records)).collect(),
-        timers_due: super::partitions_due(inner, super::ticker_now_ms(inner)),
+        timers_due: super::partitions_due(inner, now_ms),
         // Keys committed but not yet in the read model count too: a client that saw lag 0 reads them there.
         unprojected: inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64),
+        lag_ms: BTreeMap::new(),
     };
+    let mut first_waiting = first_waiting_at(inner, &pairs);
     // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
     // another instance's connector answers, this instance's backlog does not show that answer).
-    for (log, partition) in &stage_logs {
-        let held = read_lock(partition).answer_barrier().map_or(0, |barrier| barrier.held() as u64);
+    for (index, (log, partition)) in stage_logs.iter().enumerate() {
+        let (held, first_held_at) = read_lock(partition)
+            .answer_barrier()
+            .map_or((0, None), |barrier| (barrier.held() as u64, barrier.first_held_at()));
         if let Some(records) = report.logs.get_mut(log) {
             *records = records.saturating_add(held);
         }
+        // The stage logs' pairs come first, in `stage_logs`' order.
+        if let Some(Ok(first_in_log)) = first_waiting.as_mut().and_then(|first| first.get_mut(index)) {
+            *first_in_log = (*first_in_log).into_iter().chain(first_held_at).min();
+        }
+    }
+    if let Some(first_waiting) = first_waiting {
+        let lags = first_waiting.into_iter().map(|first| lag_ms(now_ms, first));
+        report.lag_ms = pairs.iter().map(|(log, _)| log.to_string()).zip(lags).collect();
     }
     report
+}
+
+/// The event time of the first record waiting in each pair's log, where the store reads them (None:
+/// it does not): `Err` for a record that could not be read.
+fn first_waiting_at(inner: &Inner, pairs: &[(&str, &str)]) -> Option<Vec<Result<Option<Timestamp>, ()>>> {
+    let records = match inner.store.first_unconsumed(pairs)? {
+        Ok(records) => records,
+        Err(_) => return Some(vec![Err(()); pairs.len()]),
+    };
+    debug_assert_eq!(records.len(), pairs.len(), "a record or none per log");
+    let event_time = |((log, _), record): (&(&str, &str), Option<Vec<u8>>)| {
+        record.map(|bytes| record_event_time(log, &bytes).ok_or(())).transpose()
+    };
+    Some(pairs.iter().zip(records).map(event_time).collect())
+}
+
+/// The clock's now less the first waiting record's event time: 0 when none waits (or it is stamped
+/// ahead of the clock), `u64::MAX` when it could not be read.
+fn lag_ms(now_ms: i64, first_waiting: Result<Option<Timestamp>, ()>) -> u64 {
+    match first_waiting {
+        Ok(Some(at)) => u64::try_from(now_ms.saturating_sub(at.millis())).unwrap_or(0),
+        Ok(None) => 0,
+        Err(()) => u64::MAX,
+    }
 }
 
 #[cfg(test)]

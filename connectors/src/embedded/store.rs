@@ -594,6 +594,26 @@ impl RedbStore {
         pairs.iter().map(backlog_of).collect()
     }
 
+    /// The first record not yet consumed of each (log, consumer) pair's log, read in one transaction.
+    fn first_unconsumed_in_one_transaction(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> Result<Vec<Option<Vec<u8>>>, RuntimeError> {
+        let transaction = self.database.begin_read().map_err(fatal)?;
+        let heads = transaction.open_table(HEADS).map_err(fatal)?;
+        let offsets = transaction.open_table(OFFSETS).map_err(fatal)?;
+        let first_of = |(log, consumer): &(&str, &str)| {
+            let head = heads.get(*log).map_err(fatal)?.map_or(0, |value| value.value());
+            let committed = offsets.get(*consumer).map_err(fatal)?.map_or(0, |value| value.value());
+            if committed >= head {
+                return Ok(None);
+            }
+            let table = transaction.open_table(TableDefinition::<u64, &[u8]>::new(&log_table(log))).map_err(fatal)?;
+            record_at(&table, committed)
+        };
+        pairs.iter().map(first_of).collect()
+    }
+
     fn read_u64(&self, table: TableDefinition<&str, u64>, key: &str) -> Result<u64, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(table).map_err(fatal)?;
@@ -753,6 +773,16 @@ fn records_of(value: &[u8]) -> Result<Vec<&[u8]>, RuntimeError> {
     Ok(records)
 }
 
+/// The record at `offset` of a log's table, if it holds one: in the last segment starting at or before it.
+fn record_at(table: &impl ReadableTable<u64, &'static [u8]>, offset: u64) -> Result<Option<Vec<u8>>, RuntimeError> {
+    let Some(entry) = table.range(..=offset).map_err(fatal)?.next_back() else {
+        return Ok(None);
+    };
+    let (key, value) = entry.map_err(fatal)?;
+    let index = usize::try_from(offset - key.value()).map_err(fatal)?;
+    Ok(records_of(value.value())?.get(index).map(|record| record.to_vec()))
+}
+
 impl Store for RedbStore {
     fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
         let transaction = self.database.begin_read().map_err(fatal)?;
@@ -884,6 +914,10 @@ impl Store for RedbStore {
         let transaction = self.database.begin_read().map_err(fatal)?;
         let table = transaction.open_table(definition(table)).map_err(fatal)?;
         Ok(table.get(key).map_err(fatal)?.map(|value| value.value().to_string()))
+    }
+
+    fn first_unconsumed(&self, pairs: &[(&str, &str)]) -> Option<Result<Vec<Option<Vec<u8>>>, RuntimeError>> {
+        Some(self.first_unconsumed_in_one_transaction(pairs))
     }
 
     fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
@@ -1200,6 +1234,28 @@ mod tests {
             }
         }
         assert!(store.read("never-appended", 0, 10).expect("read").is_empty());
+    }
+
+    /// The first record a consumer has not consumed is the one at its offset, whatever segment holds it,
+    /// and none once the consumer reached the head.
+    #[test]
+    fn the_first_unconsumed_record_is_the_one_at_the_consumers_offset() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let store = RedbStore::open(directory.path()).expect("the store opens");
+        let expected = appended_log(&store);
+        let first = |consumer: &str| store.first_unconsumed(&[("agent-0", consumer)]).expect("read").expect("read");
+        assert_eq!(first("agent-0"), vec![expected.first().cloned()], "a consumer that never committed");
+        for next in 1..=expected.len() as u64 {
+            let consumption = WriteBatch {
+                offsets: vec![("agent-0".to_string(), next)],
+                expected_offsets: vec![("agent-0".to_string(), next - 1)],
+                ..WriteBatch::default()
+            };
+            store.commit(consumption).expect("committed");
+            assert_eq!(first("agent-0"), vec![expected.get(next as usize).cloned()], "after consuming {next}");
+        }
+        let pairs = [("never-appended", "agent-0"), ("agent-0", "agent-0")];
+        assert_eq!(store.first_unconsumed(&pairs).expect("read").expect("read"), vec![None, None]);
     }
 
     #[test]

@@ -56,6 +56,33 @@ pub struct LagReport {
     pub timers_due: u64,
     /// Keys committed and not yet written to the read model (a client that sees lag 0 reads them there).
     pub unprojected: u64,
+    /// How far behind the pipeline's clock each log's consumer is, in milliseconds of event time: the
+    /// clock's now less the event time of the first record waiting in the log, or held by an agent
+    /// partition for an answer in flight, whichever is earlier. 0 when none waits, `u64::MAX` when the
+    /// record could not be read. Records tell how much work waits; this tells how stale the results
+    /// are (with the system clock, how many milliseconds behind real time). Same logs as
+    /// [`LagReport::logs`]; empty when the store does not read records for a report (Kafka).
+    pub lag_ms: std::collections::BTreeMap<String, u64>,
+}
+
+/// The event time of a record as a log stores it: a stage record's `at`, or the `at` of the output an
+/// outputs-log record carries. None for bytes that are neither (a record the consumer will
+/// dead-letter).
+pub fn record_event_time(log: &str, bytes: &[u8]) -> Option<pipelines::time::Timestamp> {
+    /// Only the time is read; serde skips the rest of the record.
+    #[derive(serde::Deserialize)]
+    struct Stamped {
+        at: pipelines::time::Timestamp,
+    }
+    #[derive(serde::Deserialize)]
+    struct StampedOutput {
+        output: Stamped,
+    }
+    if log == OUTPUTS_LOG {
+        serde_json::from_slice::<StampedOutput>(bytes).ok().map(|record| record.output.at)
+    } else {
+        serde_json::from_slice::<Stamped>(bytes).ok().map(|record| record.at)
+    }
 }
 
 impl LagReport {
@@ -272,6 +299,14 @@ pub trait Store: Send + Sync + 'static {
     /// moving records between two logs is then never missed by the figures).
     fn backlog(&self, pairs: &[(&str, &str)]) -> Result<Vec<u64>, RuntimeError> {
         pairs.iter().map(|(log, consumer)| Ok(self.head(log)?.saturating_sub(self.committed(consumer)?))).collect()
+    }
+    /// The first record of each (log, consumer) pair's log that its consumer has not consumed (None:
+    /// none waits), one per pair in their order, for the lag in time ([`LagReport::lag_ms`]). None when
+    /// the store does not read them for a report, the default: a Kafka store reads a log through the
+    /// reader its processing uses, and a report would move that reader away from its position.
+    fn first_unconsumed(&self, pairs: &[(&str, &str)]) -> Option<Result<Vec<Option<Vec<u8>>>, RuntimeError>> {
+        let _ = pairs;
+        None
     }
     /// The next offsets of `consumers` as far as this instance knows, including what other instances
     /// sharing the partitions committed (a shared store reads their commits first). Never lower than an
