@@ -1323,6 +1323,71 @@ mod tests {
         embedded.stop();
     }
 
+    /// A record an agent partition holds for a provider answer in flight is consumed but not applied: it
+    /// counts in its log's records, and its time in the log's lag in time, while the outputs log is
+    /// behind by its unread crawl request.
+    #[test]
+    fn a_record_held_for_an_answer_counts_in_its_logs_lag_in_time() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let mut config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        config.answer_delay_s = Some(1);
+        let embedded = Embedded::start(config).expect("starts");
+        embedded.attach_connector();
+        let input = |line: &str| match pipelines::input::parse_line(line, || "generated".to_string()) {
+            Ok(pipelines::input::Parsed::Input(input)) => input,
+            other => panic!("an input: {other:?}"),
+        };
+        let deposit = |at: Timestamp, event_id: &str| {
+            let line = serde_json::json!({"type": "merchant_deposit", "at": at, "merchant_id": "m1", "amount": "1.00", "event_id": event_id});
+            input(&line.to_string())
+        };
+        let stage_logs: Vec<String> =
+            embedded.inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+        let wait_until = |done: &dyn Fn(&crate::runtime::LagReport) -> bool| {
+            let started = std::time::Instant::now();
+            loop {
+                let report = embedded.lag_report();
+                let pairs: Vec<(&str, &str)> = stage_logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
+                let consumed = embedded.store().backlog(&pairs).expect("backlogs").iter().all(|records| *records == 0);
+                if consumed && report.timers_due == 0 && done(&report) {
+                    return report;
+                }
+                assert!(started.elapsed() < Duration::from_secs(60), "still waiting: {report:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        // A collection dispatched to u1; a deposit later moves the clock past its first check's time.
+        let mut setup: Vec<Input> =
+            include_str!("../../../tests/service/spaced.jsonl").lines().take(10).map(input).collect();
+        let dispatched_at = setup.last().expect("the dispatch").at;
+        setup.push(deposit(Timestamp::from_millis(dispatched_at.millis() + 600_000), "clock-1"));
+        embedded.append(setup).expect("appended");
+        wait_until(&|report| report.logs[OUTPUTS_LOG] > 0);
+        let (_, request) = embedded.store().read(OUTPUTS_LOG, 0, 1).expect("read").pop().expect("an output");
+        assert!(String::from_utf8_lossy(&request).contains("crawl_requested"), "the check asks the provider first");
+        let asked_at = crate::runtime::record_event_time(OUTPUTS_LOG, &request).expect("the request's time");
+        // u1's recharge 30 s after the request waits for its answer (1 s after it); a deposit 900 s after
+        // it moves the clock on.
+        let recharge = serde_json::json!({"type": "user_recharge", "at": Timestamp::from_millis(asked_at.millis() + 30_000),
+            "user_id": "u1", "amount": "1.00", "commission": "0.00", "event_id": "held"});
+        let later =
+            vec![input(&recharge.to_string()), deposit(Timestamp::from_millis(asked_at.millis() + 900_000), "clock-2")];
+        embedded.append(later).expect("appended");
+        let agent_log =
+            stage_log(StageKind::Agent, pipelines::partition::partition_of("u1", embedded.inner.config.partitions));
+        let report = wait_until(&|report| report.logs[&agent_log] > 0);
+        assert_eq!(report.lag_ms[&agent_log], 870_000, "the clock less the held recharge's time: {report:?}");
+        assert_eq!(report.lag_ms[OUTPUTS_LOG], 900_000, "the clock less the unread request's time: {report:?}");
+        assert!(
+            report
+                .lag_ms
+                .iter()
+                .all(|(log, lag_ms)| [OUTPUTS_LOG, agent_log.as_str()].contains(&log.as_str()) || *lag_ms == 0),
+            "{report:?}"
+        );
+        embedded.stop();
+    }
+
     /// Rounds applied while the round before commits (`run_pipelined`) read every record once: each
     /// partition goes on from where the round in flight leaves its log (a record read twice would be
     /// dropped as a duplicate, and counted), every log is consumed and committed to its head, and the
