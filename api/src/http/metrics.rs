@@ -8,8 +8,8 @@
 //! falls behind (`paisa_pipeline_log_lag_records{log}`, `paisa_pipeline_timers_due_partitions`,
 //! `paisa_read_model_unprojected_keys`), and how stale each log's results are: the pipeline's clock
 //! less the event time of the first record waiting (`paisa_pipeline_log_lag_seconds{log}`, on the
-//! embedded store). A duration is the time from routing to the response's head,
-//! inside the service: a client also sees its own queueing and the network.
+//! embedded store). A duration is the time from routing to the response's head, inside the service:
+//! a client also sees its own queueing and the network.
 //!
 //! Label sets stay bounded: a route is the router's template (`/v1/orders/{order_id}`), never the ids
 //! of a request's path (an unrouted request counts under `unmatched`), and a method outside the
