@@ -162,10 +162,12 @@ pub(super) async fn record_request(State(state): State<ApiState>, request: Reque
     response
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`. The lag report reads the store (on Kafka, brokers): it is built off the async workers.
 pub(super) async fn scrape(State(state): State<ApiState>, caller: Caller) -> Result<Response, ApiError> {
     caller.require_admin()?;
-    let text = state.metrics.render(&state.pipeline.lag_report());
+    let pipeline = state.pipeline.clone();
+    let report = tokio::task::spawn_blocking(move || pipeline.lag_report()).await?;
+    let text = state.metrics.render(&report);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 

@@ -145,9 +145,11 @@ async fn snapshot(State(state): State<ApiState>, caller: Caller) -> Result<Json<
     Ok(Json(tokio::task::spawn_blocking(move || pipeline.snapshot()).await?))
 }
 
+/// The lag report. It reads the store (on Kafka, brokers), so it is built off the async workers.
 async fn lag(State(state): State<ApiState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
-    let report = state.pipeline.lag_report();
+    let pipeline = state.pipeline.clone();
+    let report = tokio::task::spawn_blocking(move || pipeline.lag_report()).await?;
     Ok(Json(json!({
         "lag": report.total(),
         "logs": report.logs,

@@ -116,6 +116,9 @@ pub struct KafkaStore {
     snapshots: Mutex<Option<HashMap<String, crate::runtime::Snapshot>>>,
     /// The reader following the state topic (kept assigned between reads).
     state_reader: Mutex<Option<Reader>>,
+    /// The reader of the lag report's first waiting records ([`Store::first_unconsumed`]), assigned
+    /// anew for each log: the processing readers keep their positions.
+    lag_reader: Mutex<Option<BaseConsumer>>,
     /// The group member, when this instance shares the stage partitions: its group metadata (generation)
     /// goes with the offsets of every transaction, so a broker fences a member the group moved on from.
     member: Mutex<Option<Arc<super::group::MemberConsumer>>>,
@@ -175,6 +178,7 @@ impl KafkaStore {
             index: Mutex::new(Index::default()),
             snapshots: Mutex::new(None),
             state_reader: Mutex::new(None),
+            lag_reader: Mutex::new(None),
             member: Mutex::new(None),
             last_miss_tail: Mutex::new(None),
             metrics: Arc::default(),
@@ -309,6 +313,33 @@ impl KafkaStore {
             next = last + 1;
         }
         Ok(())
+    }
+
+    /// The record at each pair's committed offset, in the runtime's encoding (None: the consumer has
+    /// read up to the high watermark, or only transaction markers and aborted records remain).
+    fn first_unconsumed_records(&self, pairs: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, RuntimeError> {
+        let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
+        let committed = self.committed_all(&consumers)?;
+        let mut lag_reader = lock(&self.lag_reader);
+        let mut records = Vec::with_capacity(pairs.len());
+        for ((log, _), next) in pairs.iter().zip(committed) {
+            let (topic, partition) = self.locate(log)?;
+            if next >= self.high_watermark(&topic, partition)? {
+                records.push(None);
+                continue;
+            }
+            let reader = match lag_reader.as_mut() {
+                Some(reader) => reader,
+                None => lag_reader.insert(consumer(&self.config, &format!("{}.lag-reader", self.config.namespace))?),
+            };
+            let first = first_record_from(reader, &topic, partition, next, self.timeout())?;
+            records.push(first.map(|record| {
+                let record_id = record.record_id.as_deref();
+                super::payload::from_topic(log, &topic, record.payload, record_id, &self.config.schema_ids)
+            }));
+        }
+        debug_assert_eq!(records.len(), pairs.len(), "a record or none per pair");
+        Ok(records)
     }
 
     /// Produces `records` as (topic, partition, key, payload) and `offsets` in one transaction.
@@ -510,6 +541,58 @@ fn assign(consumer: &BaseConsumer, topic: &str, partition: i32, from: u64) -> Re
     consumer.assign(&list).map_err(|error| kafka_error("assigning a partition", &error))
 }
 
+/// The first record at or after `from` (the consumer is assigned there): None when the partition
+/// ends first (only transaction markers or aborted records are left before the high watermark). A
+/// broker that sends neither within `wait` is an error: the report then says the lag is unknown,
+/// never 0. What the consumer may still hold from its earlier assignment (another partition's records
+/// or end report) is skipped.
+fn first_record_from(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    from: u64,
+    wait: Duration,
+) -> Result<Option<Fetched>, RuntimeError> {
+    assign(consumer, topic, partition, from)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(RuntimeError::Retryable(format!(
+                "no record of {topic} [{partition}] at {from} within {wait:?}"
+            )));
+        }
+        match consumer.poll(remaining.min(Duration::from_millis(100))) {
+            None => continue,
+            Some(Err(KafkaError::PartitionEOF(ended))) if ended == partition => return Ok(None),
+            Some(Err(KafkaError::PartitionEOF(_))) => continue,
+            Some(Err(error)) => return Err(kafka_error("reading a log's first waiting record", &error)),
+            Some(Ok(message)) => {
+                let assigned = message.topic() == topic && message.partition() == partition;
+                if assigned && u64::try_from(message.offset()).is_ok_and(|offset| offset >= from) {
+                    return fetched(&message).map(Some);
+                }
+            }
+        }
+    }
+}
+
+/// A record as read: its offset, key and payload, and the record id its header carries (outputs).
+fn fetched(message: &rdkafka::message::BorrowedMessage<'_>) -> Result<Fetched, RuntimeError> {
+    let record_id = message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|header| header.key == super::payload::RECORD_ID_HEADER)
+            .and_then(|header| header.value.map(<[u8]>::to_vec))
+    });
+    Ok(Fetched {
+        offset: u64::try_from(message.offset()).map_err(fatal)?,
+        key: message.key().unwrap_or_default().to_vec(),
+        payload: message.payload().unwrap_or_default().to_vec(),
+        record_id,
+    })
+}
+
 /// Polls the consumer's partition until `records_max` records, the record before `high`, the end of
 /// the partition, or `wait` (what arrived by then is returned; the caller reads again later). Returns
 /// the records and whether it stopped at `high` (an end report may then be queued behind them).
@@ -539,19 +622,9 @@ fn poll_records(
             Some(Err(KafkaError::PartitionEOF(_))) => break,
             Some(Err(error)) => return Err(kafka_error("reading a log", &error)),
             Some(Ok(message)) => {
-                let offset = u64::try_from(message.offset()).map_err(fatal)?;
-                let record_id = message.headers().and_then(|headers| {
-                    headers
-                        .iter()
-                        .find(|header| header.key == super::payload::RECORD_ID_HEADER)
-                        .and_then(|header| header.value.map(<[u8]>::to_vec))
-                });
-                records.push(Fetched {
-                    offset,
-                    key: message.key().unwrap_or_default().to_vec(),
-                    payload: message.payload().unwrap_or_default().to_vec(),
-                    record_id,
-                });
+                let record = fetched(&message)?;
+                let offset = record.offset;
+                records.push(record);
                 if offset + 1 >= high {
                     return Ok((records, true));
                 }
@@ -775,6 +848,12 @@ impl Store for KafkaStore {
         let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
         let committed = self.committed_all(&consumers)?;
         pairs.iter().zip(committed).map(|((log, _), next)| Ok(self.head(log)?.saturating_sub(next))).collect()
+    }
+
+    /// Read by a reader of its own, one round trip per log with records waiting: a report (a scrape,
+    /// `GET /v1/admin/lag`) moves no processing reader.
+    fn first_unconsumed(&self, pairs: &[(&str, &str)]) -> Option<Result<Vec<Option<Vec<u8>>>, RuntimeError>> {
+        Some(self.first_unconsumed_records(pairs))
     }
 
     fn committed_all(&self, consumers: &[String]) -> Result<Vec<u64>, RuntimeError> {

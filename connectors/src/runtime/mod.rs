@@ -61,7 +61,7 @@ pub struct LagReport {
     /// partition for an answer in flight, whichever is earlier. 0 when none waits, `u64::MAX` when the
     /// record could not be read. Records tell how much work waits; this tells how stale the results
     /// are (with the system clock, how many milliseconds behind real time). Same logs as
-    /// [`LagReport::logs`]; empty when the store does not read records for a report (Kafka).
+    /// [`LagReport::logs`]; empty when the store does not read records for a report.
     pub lag_ms: std::collections::BTreeMap<String, u64>,
 }
 
@@ -302,8 +302,8 @@ pub trait Store: Send + Sync + 'static {
     }
     /// The first record of each (log, consumer) pair's log that its consumer has not consumed (None:
     /// none waits), one per pair in their order, for the lag in time ([`LagReport::lag_ms`]). None when
-    /// the store does not read them for a report, the default: a Kafka store reads a log through the
-    /// reader its processing uses, and a report would move that reader away from its position.
+    /// the store does not read them for a report, the default: a store must read them without moving
+    /// the position its processing reads from (the Kafka store has a reader of its own for them).
     fn first_unconsumed(&self, pairs: &[(&str, &str)]) -> Option<Result<Vec<Option<Vec<u8>>>, RuntimeError>> {
         let _ = pairs;
         None
