@@ -316,7 +316,8 @@ impl KafkaStore {
     }
 
     /// The record at each pair's committed offset, in the runtime's encoding (None: the consumer has
-    /// read up to the high watermark, or only transaction markers and aborted records remain).
+    /// read up to the high watermark, or only transaction markers remain before it, with records of
+    /// aborted transactions where the broker hides them from read_committed readers).
     fn first_unconsumed_records(&self, pairs: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, RuntimeError> {
         let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
         let committed = self.committed_all(&consumers)?;
@@ -542,10 +543,10 @@ fn assign(consumer: &BaseConsumer, topic: &str, partition: i32, from: u64) -> Re
 }
 
 /// The first record at or after `from` (the consumer is assigned there): None when the partition
-/// ends first (only transaction markers or aborted records are left before the high watermark). A
-/// broker that sends neither within `wait` is an error: the report then says the lag is unknown,
-/// never 0. What the consumer may still hold from its earlier assignment (another partition's records
-/// or end report) is skipped.
+/// ends first (only transaction markers, or hidden aborted records, are left before the high
+/// watermark). A broker that sends neither within `wait` is an error: the report then says the lag is
+/// unknown, never 0. What the consumer may still hold from its earlier assignment (another
+/// partition's records or end report) is skipped.
 fn first_record_from(
     consumer: &BaseConsumer,
     topic: &str,

@@ -105,7 +105,8 @@ fn the_first_unconsumed_record_is_read_at_the_committed_offset_and_moves_no_proc
         store.commit(WriteBatch { offsets, ..WriteBatch::default() }).expect("committed");
         assert_eq!(first(("agent-1", "agent-1")), vec![records.get(next as usize).cloned()], "after consuming {next}");
     }
-    let rest: Vec<(u64, Vec<u8>)> = records.iter().cloned().enumerate().skip(1).map(|(at, r)| (at as u64, r)).collect();
+    let rest: Vec<(u64, Vec<u8>)> =
+        records.iter().cloned().enumerate().skip(1).map(|(offset, record)| (offset as u64, record)).collect();
     assert_eq!(store.read("agent-1", 1, 10).expect("a read"), rest, "the processing reader reads on from 1");
     // An output waits for the connector: read back in the runtime's encoding, its record id from the header.
     let appends = vec![(OUTPUTS_LOG.to_string(), output("agent-1", 7))];
