@@ -342,6 +342,7 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
     let backlog = inner.store.backlog(&pairs).unwrap_or_else(|_| vec![u64::MAX; pairs.len()]);
     debug_assert_eq!(backlog.len(), pairs.len(), "a figure per log");
     let now_ms = super::ticker_now_ms(inner);
+    let mut first_waiting = first_waiting_at(inner, &pairs, &backlog);
     let mut report = LagReport {
         logs: pairs.iter().zip(backlog).map(|((log, _), records)| (log.to_string(), records)).collect(),
         timers_due: super::partitions_due(inner, now_ms),
@@ -349,7 +350,6 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
         unprojected: inner.projector.as_ref().map_or(0, |projector| projector.pending() as u64),
         lag_ms: BTreeMap::new(),
     };
-    let mut first_waiting = first_waiting_at(inner, &pairs);
     // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
     // another instance's connector answers, this instance's backlog does not show that answer).
     for (index, (log, partition)) in stage_logs.iter().enumerate() {
@@ -372,17 +372,26 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
 }
 
 /// The event time of the first record waiting in each pair's log, where the store reads them (None:
-/// it does not): `Err` for a record that could not be read.
-fn first_waiting_at(inner: &Inner, pairs: &[(&str, &str)]) -> Option<Vec<Result<Option<Timestamp>, ()>>> {
-    let records = match inner.store.first_unconsumed(pairs)? {
-        Ok(records) => records,
+/// it does not): `Err` for a record that could not be read. Only logs with a backlog are read (on
+/// Kafka each costs round trips to a broker); the others have no record waiting.
+fn first_waiting_at(
+    inner: &Inner,
+    pairs: &[(&str, &str)],
+    backlog: &[u64],
+) -> Option<Vec<Result<Option<Timestamp>, ()>>> {
+    debug_assert_eq!(backlog.len(), pairs.len(), "a figure per log");
+    let waiting: Vec<(&str, &str)> =
+        pairs.iter().zip(backlog).filter(|(_, records)| **records > 0).map(|(pair, _)| *pair).collect();
+    let mut records = match inner.store.first_unconsumed(&waiting)? {
+        Ok(records) => records.into_iter(),
         Err(_) => return Some(vec![Err(()); pairs.len()]),
     };
-    debug_assert_eq!(records.len(), pairs.len(), "a record or none per log");
-    let event_time = |((log, _), record): (&(&str, &str), Option<Vec<u8>>)| {
+    debug_assert_eq!(records.len(), waiting.len(), "a record or none per log");
+    let event_time = |(&(log, _), records_waiting): (&(&str, &str), &u64)| {
+        let record = if *records_waiting > 0 { records.next().flatten() } else { None };
         record.map(|bytes| record_event_time(log, &bytes).ok_or(())).transpose()
     };
-    Some(pairs.iter().zip(records).map(event_time).collect())
+    Some(pairs.iter().zip(backlog).map(event_time).collect())
 }
 
 /// The clock's now less the first waiting record's event time: 0 when none waits (or it is stamped
