@@ -28,11 +28,12 @@
 //! (`user_registered` of new agents, so that no order of arrival changes what they mean).
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (one request
-//! in flight at a time), the CPU time each process spent in the throughput phase (Linux: `/proc`), and the
-//! service's outputs by type (rejections by reason, callbacks by order kind and status) beside those of
-//! `paisa replay` of the same events (computed in-process): with the event clock and bulk posting, one
-//! stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced inputs), so
-//! the service does more crawls than replay and decides some orders otherwise (see `docs/PERFORMANCE.md`).
+//! in flight at a time), the CPU time each process spent in the throughput phase and the service's by
+//! thread name (Linux: `/proc`), and the service's outputs by type (rejections by reason, callbacks by
+//! order kind and status) beside those of `paisa replay` of the same events (computed in-process): with
+//! the event clock and bulk posting, one stage's partitions run ahead of another's results (SPEC §3
+//! gives parity only for spaced inputs), so the service does more crawls than replay and decides some
+//! orders otherwise (see `docs/PERFORMANCE.md`).
 
 use pipelines::input::Command;
 use pipelines::Input;
@@ -155,6 +156,41 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0) // USER_HZ is 100 on Linux
 }
 
+/// CPU seconds each thread of a process has used so far, summed by thread name (`/proc/PID/task`; None
+/// elsewhere): which part of the service spends its CPU (the API's and the connector's async workers,
+/// the stage workers, the committer).
+fn cpu_by_thread_name(pid: u32) -> Option<std::collections::BTreeMap<String, f64>> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        // A thread that ended since the directory was listed has no stat any more: it is skipped.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].to_string();
+        let fields: Vec<&str> = stat.get(close + 2..).unwrap_or_default().split_whitespace().collect();
+        let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<f64>().ok()).unwrap_or(0.0);
+        *by_name.entry(name).or_insert(0.0) += (ticks(11) + ticks(12)) / 100.0;
+    }
+    Some(by_name)
+}
+
+/// The CPU seconds each thread name used between two readings, largest first; threads that ended in
+/// between are left out, so the parts may add up to less than the process's figure.
+fn cpu_by_thread_name_between(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> String {
+    let mut spent: Vec<(&String, f64)> =
+        after.iter().map(|(name, seconds)| (name, seconds - before.get(name).copied().unwrap_or(0.0))).collect();
+    spent.sort_by(|left, right| right.1.total_cmp(&left.1));
+    let parts: Vec<String> = spent
+        .iter()
+        .filter(|(_, seconds)| *seconds > 0.0)
+        .map(|(name, seconds)| format!("{name} {seconds:.2} s"))
+        .collect();
+    parts.join(", ")
+}
+
 /// CPU seconds of the service, the simulator and this client (the readers are not running yet).
 fn cpu_of(serve: &Server, wallet_sim: &Server) -> [Option<f64>; 3] {
     [cpu_seconds(serve.child.id()), cpu_seconds(wallet_sim.child.id()), cpu_seconds(std::process::id())]
@@ -242,6 +278,7 @@ fn main() {
     }
 
     let cpu_before = cpu_of(&serve, &wallet_sim);
+    let serve_threads_before = cpu_by_thread_name(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
     let started = Instant::now();
     let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
@@ -249,6 +286,7 @@ fn main() {
     wait_quiescent(&client, &serve.base);
     let elapsed = started.elapsed();
     let cpu_after = cpu_of(&serve, &wallet_sim);
+    let serve_threads_after = cpu_by_thread_name(serve.child.id());
     println!("workload: {agents} agents × {rounds} rounds; {posted} events through the API (+ wallet events)");
     println!(
         "ingest + process: {:.2} s → {:.0} events/s sustained (posting alone took {:.2} s)",
@@ -262,6 +300,9 @@ fn main() {
         .filter_map(|(name, (before, after))| Some(format!("{name} {:.2} s", (*after)? - (*before)?)))
         .collect();
     println!("CPU time in that phase (2 cores = {:.2} s): {}", 2.0 * elapsed.as_secs_f64(), cpu.join(", "));
+    if let (Some(before), Some(after)) = (&serve_threads_before, &serve_threads_after) {
+        println!("  serve's CPU by thread: {}", cpu_by_thread_name_between(before, after));
+    }
     println!("{}", pipeline_figures(&figures_before, &scrape(&client, &serve.base), elapsed));
     let order_ids: Vec<String> = first
         .iter()
