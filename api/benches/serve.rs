@@ -147,47 +147,54 @@ fn wait_quiescent(client: &reqwest::blocking::Client, serve: &str) {
     }
 }
 
+/// A task's name and the CPU seconds (user + system) it has used so far, from its `/proc/…/stat` text.
+fn name_and_cpu_seconds(stat: &str) -> Option<(String, f64)> {
+    // The name may hold spaces and parentheses: it runs from the first `(` to the last `)`, and the
+    // fields after it start past the space that follows.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let name = stat.get(open + 1..close)?.to_string();
+    let fields: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some((name, ticks / 100.0)) // USER_HZ is 100 on Linux
+}
+
 /// CPU seconds (user + system) a process has used so far, from `/proc/PID/stat` (None elsewhere).
 fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name (which may hold spaces) start after its closing parenthesis.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0) // USER_HZ is 100 on Linux
+    name_and_cpu_seconds(&stat).map(|(_, seconds)| seconds)
 }
 
-/// CPU seconds each thread of a process has used so far, summed by thread name (`/proc/PID/task`; None
-/// elsewhere): which part of the service spends its CPU (the API's and the connector's async workers,
-/// the stage workers, the committer).
-fn cpu_by_thread_name(pid: u32) -> Option<std::collections::BTreeMap<String, f64>> {
-    let mut by_name = std::collections::BTreeMap::new();
+/// Each thread of a process by id, with its name and the CPU seconds it has used so far
+/// (`/proc/PID/task`; None elsewhere).
+fn cpu_by_thread(pid: u32) -> Option<std::collections::BTreeMap<String, (String, f64)>> {
+    let mut threads = std::collections::BTreeMap::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let Ok(task) = task else { continue };
         // A thread that ended since the directory was listed has no stat any more: it is skipped.
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        let name = stat[open + 1..close].to_string();
-        let fields: Vec<&str> = stat.get(close + 2..).unwrap_or_default().split_whitespace().collect();
-        let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<f64>().ok()).unwrap_or(0.0);
-        *by_name.entry(name).or_insert(0.0) += (ticks(11) + ticks(12)) / 100.0;
+        if let Some(name_and_seconds) = name_and_cpu_seconds(&stat) {
+            threads.insert(task.file_name().to_string_lossy().into_owned(), name_and_seconds);
+        }
     }
-    Some(by_name)
+    Some(threads)
 }
 
-/// The CPU seconds each thread name used between two readings, largest first; threads that ended in
-/// between are left out, so the parts may add up to less than the process's figure.
+/// The CPU seconds the threads of each name used between two readings, largest first: which part of
+/// the service spends its CPU (the API's and the connector's async workers, the stage workers, the
+/// committer). A thread is matched by id, so one that ended in between is left out (the parts may add up
+/// to less than the process's figure) and one that started counts whole.
 fn cpu_by_thread_name_between(
-    before: &std::collections::BTreeMap<String, f64>,
-    after: &std::collections::BTreeMap<String, f64>,
+    before: &std::collections::BTreeMap<String, (String, f64)>,
+    after: &std::collections::BTreeMap<String, (String, f64)>,
 ) -> String {
-    let mut spent: Vec<(&String, f64)> =
-        after.iter().map(|(name, seconds)| (name, seconds - before.get(name).copied().unwrap_or(0.0))).collect();
+    let mut by_name: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+    for (thread_id, (name, seconds)) in after {
+        let earlier = before.get(thread_id).map_or(0.0, |(_, seconds)| *seconds);
+        *by_name.entry(name).or_insert(0.0) += seconds - earlier;
+    }
+    let mut spent: Vec<(&str, f64)> = by_name.into_iter().filter(|(_, seconds)| *seconds > 0.0).collect();
     spent.sort_by(|left, right| right.1.total_cmp(&left.1));
-    let parts: Vec<String> = spent
-        .iter()
-        .filter(|(_, seconds)| *seconds > 0.0)
-        .map(|(name, seconds)| format!("{name} {seconds:.2} s"))
-        .collect();
+    let parts: Vec<String> = spent.iter().map(|(name, seconds)| format!("{name} {seconds:.2} s")).collect();
     parts.join(", ")
 }
 
@@ -278,7 +285,7 @@ fn main() {
     }
 
     let cpu_before = cpu_of(&serve, &wallet_sim);
-    let serve_threads_before = cpu_by_thread_name(serve.child.id());
+    let serve_threads_before = cpu_by_thread(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
     let started = Instant::now();
     let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
@@ -286,7 +293,7 @@ fn main() {
     wait_quiescent(&client, &serve.base);
     let elapsed = started.elapsed();
     let cpu_after = cpu_of(&serve, &wallet_sim);
-    let serve_threads_after = cpu_by_thread_name(serve.child.id());
+    let serve_threads_after = cpu_by_thread(serve.child.id());
     println!("workload: {agents} agents × {rounds} rounds; {posted} events through the API (+ wallet events)");
     println!(
         "ingest + process: {:.2} s → {:.0} events/s sustained (posting alone took {:.2} s)",
