@@ -315,9 +315,11 @@ impl KafkaStore {
         Ok(())
     }
 
-    /// The record at each pair's committed offset, in the runtime's encoding (None: the consumer has
-    /// read up to the high watermark, or only transaction markers remain before it, with records of
-    /// aborted transactions where the broker hides them from read_committed readers).
+    /// The record at each pair's committed offset, in the runtime's encoding (None: the partition ends
+    /// first, because the consumer has read up to the high watermark, or only transaction markers remain
+    /// before it, with records of aborted transactions where the broker hides them from read_committed
+    /// readers). The lag report asks only for logs whose backlog shows records, so the high watermark is
+    /// not fetched again here: a log read to its end still answers None, from the partition's end.
     fn first_unconsumed_records(&self, pairs: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, RuntimeError> {
         let consumers: Vec<String> = pairs.iter().map(|(_, consumer)| consumer.to_string()).collect();
         let committed = self.committed_all(&consumers)?;
@@ -325,10 +327,6 @@ impl KafkaStore {
         let mut records = Vec::with_capacity(pairs.len());
         for ((log, _), next) in pairs.iter().zip(committed) {
             let (topic, partition) = self.locate(log)?;
-            if next >= self.high_watermark(&topic, partition)? {
-                records.push(None);
-                continue;
-            }
             let reader = match lag_reader.as_mut() {
                 Some(reader) => reader,
                 None => lag_reader.insert(consumer(&self.config, &format!("{}.lag-reader", self.config.namespace))?),
@@ -851,8 +849,8 @@ impl Store for KafkaStore {
         pairs.iter().zip(committed).map(|((log, _), next)| Ok(self.head(log)?.saturating_sub(next))).collect()
     }
 
-    /// Read by a reader of its own, one round trip per log with records waiting: a report (a scrape,
-    /// `GET /v1/admin/lag`) moves no processing reader.
+    /// Read by a reader of its own, one round trip per log asked (the lag report asks only logs with
+    /// records waiting): a report (a scrape, `GET /v1/admin/lag`) moves no processing reader.
     fn first_unconsumed(&self, pairs: &[(&str, &str)]) -> Option<Result<Vec<Option<Vec<u8>>>, RuntimeError>> {
         Some(self.first_unconsumed_records(pairs))
     }
