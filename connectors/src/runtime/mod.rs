@@ -486,6 +486,22 @@ impl WriteBatch {
     ) -> Result<(), RuntimeError> {
         push_stage_record(&mut self.appends, &mut self.stage_records, log, record)
     }
+
+    /// The same for a record already encoded: `bytes` must decode to `record`.
+    pub fn append_encoded_stage_record(
+        &mut self,
+        log: String,
+        record: pipelines::partition::StageRecord,
+        bytes: Vec<u8>,
+    ) {
+        debug_assert!(
+            serde_json::from_slice::<pipelines::partition::StageRecord>(&bytes)
+                .is_ok_and(|decoded| serde_json::to_vec(&decoded).ok() == serde_json::to_vec(&record).ok()),
+            "the bytes of a stage record decode to it"
+        );
+        self.appends.push((log, bytes));
+        self.stage_records.push((self.appends.len() - 1, record));
+    }
 }
 
 /// Appends a stage record's bytes to `appends`, and the record itself, by its index there, to `made`

@@ -12,6 +12,9 @@
 //! | 404 | `upstream_busy` | `detail_unavailable` |
 //! | 5xx, timeout, unreachable, malformed 200 | `upstream_busy` | `detail_unavailable` |
 //!
+//! A page's answer also keeps its lines' JSON text as the provider sent it ([`Crawled::lines_json`]),
+//! which the embedded runtime writes into the `crawl_result` record unchanged.
+//!
 //! [`CrawlError`]: pipelines::input::CrawlError
 
 mod config;
@@ -24,7 +27,7 @@ pub use config::StatementConfig;
 /// does (SPEC §9), however far ahead of the pipeline its wallet events were posted. Not part of SPEC
 /// §10: a real provider ignores a header it does not know and answers as of its own clock.
 pub const AS_OF_HEADER: &str = "paisa-as-of";
-pub use source::{ConnectorError, StatementConnector, RESPONSE_BYTES_MAX};
+pub use source::{ConnectorError, Crawled, StatementConnector, RESPONSE_BYTES_MAX};
 
 #[cfg(test)]
 mod tests;

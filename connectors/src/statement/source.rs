@@ -8,6 +8,7 @@ use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
 use pipelines::Timestamp;
 use reqwest::StatusCode;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -61,17 +62,35 @@ impl Call {
     }
 }
 
-/// A list answer's body (SPEC §10).
+/// A list answer's body (SPEC §10), its lines still the provider's text: they are read from it once,
+/// and the text itself is kept for the `crawl_result` record ([`Crawled::lines_json`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PageBody {
-    transactions: Vec<StatementLine>,
+struct PageBody<'body> {
+    #[serde(borrow)]
+    transactions: &'body RawValue,
     #[serde(default)]
     next_from: Option<Timestamp>,
 }
 
-/// What a successful call yields: the lines and, for lists, where the next page starts.
-type Answer = (Vec<StatementLine>, Option<Timestamp>);
+/// What a successful call yields: the lines, for lists where the next page starts, and for lists the
+/// lines' JSON array as the provider sent it.
+struct Answer {
+    lines: Vec<StatementLine>,
+    next_from: Option<Timestamp>,
+    lines_json: Option<Vec<u8>>,
+}
+
+/// A crawl's answer, and for a page the JSON text its lines were read from.
+#[derive(Clone, Debug)]
+pub struct Crawled {
+    pub result: CrawlResult,
+    /// The page's `transactions` array exactly as the provider sent it (validated: `result.lines` was
+    /// read from it), so the embedded runtime writes it into the `crawl_result` record as it is instead
+    /// of encoding the lines again: decoding that record reads the same text with the same code, so it
+    /// gives the same lines. None for a detail answer and for an error.
+    pub lines_json: Option<Vec<u8>>,
+}
 
 /// A planned call: its kind, its URL and the most lines its answer may carry.
 struct Plan {
@@ -132,11 +151,18 @@ impl StatementConnector {
     /// The same, asking for the answer as of `as_of` at the latest ([`super::AS_OF_HEADER`], event
     /// clock only).
     pub async fn crawl_as_of(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> CrawlResult {
-        let answer = match self.answer(request, as_of).await {
-            Ok((lines, next_from)) => pipelines::wallet_sim::Answer::Page { lines, next_from },
-            Err(error) => pipelines::wallet_sim::Answer::Error(error),
+        self.crawl_keeping_page_as_of(request, as_of).await.result
+    }
+
+    /// The same, with a page's lines as the provider sent them ([`Crawled::lines_json`]).
+    pub async fn crawl_keeping_page_as_of(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> Crawled {
+        let (answer, lines_json) = match self.answer(request, as_of).await {
+            Ok(Answer { lines, next_from, lines_json }) => {
+                (pipelines::wallet_sim::Answer::Page { lines, next_from }, lines_json)
+            }
+            Err(error) => (pipelines::wallet_sim::Answer::Error(error), None),
         };
-        answer.into_result(request)
+        Crawled { result: answer.into_result(request), lines_json }
     }
 
     async fn answer(&self, request: &CrawlRequested, as_of: Option<Timestamp>) -> Result<Answer, CrawlError> {
@@ -265,10 +291,12 @@ fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<An
 
 fn parse_page(body: &[u8], lines_max: usize) -> Result<Answer, String> {
     let page: PageBody = serde_json::from_slice(body).map_err(|error| format!("not a statement page: {error}"))?;
-    if page.transactions.len() > lines_max {
-        return Err(format!("{} lines where at most {lines_max} were asked for", page.transactions.len()));
+    let lines: Vec<StatementLine> = serde_json::from_str(page.transactions.get())
+        .map_err(|error| format!("not a statement page's transactions: {error}"))?;
+    if lines.len() > lines_max {
+        return Err(format!("{} lines where at most {lines_max} were asked for", lines.len()));
     }
-    Ok((page.transactions, page.next_from))
+    Ok(Answer { lines, next_from: page.next_from, lines_json: Some(page.transactions.get().as_bytes().to_vec()) })
 }
 
 fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
@@ -276,7 +304,7 @@ fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
     if line.txn_id != txn_id {
         return Err(format!("the detail of {:?} where {txn_id:?} was asked for", line.txn_id));
     }
-    Ok((vec![line], None))
+    Ok(Answer { lines: vec![line], next_from: None, lines_json: None })
 }
 
 /// An id as one URL path segment, or None when no URL can carry it: URL parsers resolve `.` and `..`

@@ -387,6 +387,10 @@ async fn an_unreachable_provider_is_a_failure() {
     assert_error(&connector.crawl(&detail("c1", "t1")).await, CrawlError::DetailUnavailable);
 }
 
+/// A page written with spaces, keys in another order and nulls: within the contract.
+const SPACED_PAGE: &str = r#"{ "next_from" : null, "transactions" : [ {"time": "2026-03-02T09:00:00Z", "txn_id": "s1",
+    "amount": "5.00", "direction": "in", "status": "success", "utr": null, "counterparty": null} ] }"#;
+
 /// A provider that breaks the contract in the way its card id names.
 async fn misbehaving(Path(path): Path<Vec<String>>) -> Response {
     let page_line = |txn_id: &str| {
@@ -401,6 +405,11 @@ async fn misbehaving(Path(path): Path<Vec<String>>) -> Response {
             axum::Json(json!({"transactions": [page_line("a"), page_line("b"), page_line("c")]})).into_response()
         }
         "other_txn" => axum::Json(page_line("someone-else")).into_response(),
+        "bad_line" => {
+            axum::Json(json!({"transactions": [page_line("a"), {"txn_id": "b", "status": "pending"}]})).into_response()
+        }
+        "not_a_list" => axum::Json(json!({"transactions": "t1"})).into_response(),
+        "spaced" => (StatusCode::OK, SPACED_PAGE).into_response(),
         "busy" => StatusCode::TOO_MANY_REQUESTS.into_response(),
         "broken" => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         "gone" => StatusCode::NOT_FOUND.into_response(),
@@ -436,6 +445,8 @@ async fn contract_breaches_map_to_the_calls_failure() {
         ("expired", CrawlError::SessionExpired, CrawlError::SessionExpired),
         ("moved", CrawlError::UpstreamBusy, CrawlError::DetailUnavailable),
         ("other_txn", CrawlError::UpstreamBusy, CrawlError::DetailUnavailable),
+        ("bad_line", CrawlError::UpstreamBusy, CrawlError::DetailUnavailable),
+        ("not_a_list", CrawlError::UpstreamBusy, CrawlError::DetailUnavailable),
     ];
     for (card, list_error, detail_error) in cases {
         let page = connector.crawl(&list(card, None, None, Some(2))).await;
@@ -445,6 +456,26 @@ async fn contract_breaches_map_to_the_calls_failure() {
     }
     let page = connector.crawl(&list("too_many", None, None, Some(2))).await;
     assert_error(&page, CrawlError::UpstreamBusy);
+}
+
+/// A page's answer keeps its lines' JSON array exactly as the provider wrote it, for the record
+/// (`Crawled::lines_json`); the lines read from it are the answer's. Details and errors keep none.
+#[tokio::test]
+async fn a_page_keeps_the_providers_text_of_its_lines() {
+    let connector = start_misbehaving().await;
+    let page = connector.crawl_keeping_page_as_of(&list("spaced", None, None, Some(2)), None).await;
+    assert!(page.result.ok, "{page:?}");
+    let kept = String::from_utf8(page.lines_json.clone().expect("a page keeps its text")).expect("UTF-8");
+    let array_start = SPACED_PAGE.find('[').expect("an array");
+    let array_end = SPACED_PAGE.rfind(']').expect("an array") + 1;
+    assert_eq!(kept, SPACED_PAGE[array_start..array_end]);
+    let reread: Vec<pipelines::input::StatementLine> = serde_json::from_str(&kept).expect("lines");
+    assert_eq!(reread, page.result.lines);
+    assert_eq!(page.result.lines[0].txn_id, "s1");
+    let line = connector.crawl_keeping_page_as_of(&detail("other_txn", "someone-else"), None).await;
+    assert!(line.result.ok && line.lines_json.is_none(), "{line:?}");
+    let refused = connector.crawl_keeping_page_as_of(&list("busy", None, None, None), None).await;
+    assert!(!refused.result.ok && refused.lines_json.is_none(), "{refused:?}");
 }
 
 #[test]
