@@ -8,7 +8,6 @@ use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
 use pipelines::Timestamp;
 use reqwest::StatusCode;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -62,23 +61,24 @@ impl Call {
     }
 }
 
-/// A list answer's body (SPEC §10), its lines still the provider's text: they are read from it once,
-/// and the text itself is kept for the `crawl_result` record ([`Crawled::lines_json`]).
+/// A list answer's body (SPEC §10). Its `transactions` array is the only value in it that may hold a
+/// `[` or a `]` (the keys are these two names, `next_from` is null or an RFC 3339 time, and JSON escapes
+/// are letters and digits), so once a body is read the array's text runs from its first `[` to its last
+/// `]` ([`lines_text`]); a field added here must keep that true.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PageBody<'body> {
-    #[serde(borrow)]
-    transactions: &'body RawValue,
+struct PageBody {
+    transactions: Vec<StatementLine>,
     #[serde(default)]
     next_from: Option<Timestamp>,
 }
 
 /// What a successful call yields: the lines, for lists where the next page starts, and for lists the
 /// lines' JSON array as the provider sent it.
-struct Answer {
-    lines: Vec<StatementLine>,
-    next_from: Option<Timestamp>,
-    lines_json: Option<Vec<u8>>,
+pub(super) struct Answer {
+    pub(super) lines: Vec<StatementLine>,
+    pub(super) next_from: Option<Timestamp>,
+    pub(super) lines_json: Option<Vec<u8>>,
 }
 
 /// A crawl's answer, and for a page the JSON text its lines were read from.
@@ -289,14 +289,28 @@ fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<An
     })
 }
 
-fn parse_page(body: &[u8], lines_max: usize) -> Result<Answer, String> {
+pub(super) fn parse_page(body: &[u8], lines_max: usize) -> Result<Answer, String> {
     let page: PageBody = serde_json::from_slice(body).map_err(|error| format!("not a statement page: {error}"))?;
-    let lines: Vec<StatementLine> = serde_json::from_str(page.transactions.get())
-        .map_err(|error| format!("not a statement page's transactions: {error}"))?;
-    if lines.len() > lines_max {
-        return Err(format!("{} lines where at most {lines_max} were asked for", lines.len()));
+    if page.transactions.len() > lines_max {
+        return Err(format!("{} lines where at most {lines_max} were asked for", page.transactions.len()));
     }
-    Ok(Answer { lines, next_from: page.next_from, lines_json: Some(page.transactions.get().as_bytes().to_vec()) })
+    let lines_json = lines_text(body).map(<[u8]>::to_vec);
+    debug_assert!(
+        lines_json.as_deref().is_some_and(|text| {
+            serde_json::from_slice::<Vec<StatementLine>>(text).is_ok_and(|lines| lines == page.transactions)
+        }),
+        "a page's lines text is its transactions array"
+    );
+    Ok(Answer { lines: page.transactions, next_from: page.next_from, lines_json })
+}
+
+/// The text of the `transactions` array of a body already read as a [`PageBody`]: from its first `[` to
+/// its last `]` (why that is the array: [`PageBody`]). Found from both ends of the body rather than by
+/// reading it a second time (as a `serde_json` raw value, ≈ a fifth of reading a page).
+fn lines_text(body: &[u8]) -> Option<&[u8]> {
+    let start = body.iter().position(|byte| *byte == b'[')?;
+    let end = body.iter().rposition(|byte| *byte == b']')?;
+    body.get(start..=end)
 }
 
 fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {

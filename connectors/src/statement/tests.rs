@@ -478,6 +478,31 @@ async fn a_page_keeps_the_providers_text_of_its_lines() {
     assert!(!refused.result.ok && refused.lines_json.is_none(), "{refused:?}");
 }
 
+/// The text kept for a page's lines is its `transactions` array wherever it sits in the body, whatever
+/// brackets its lines' strings hold, and reads back as the page's lines.
+#[test]
+fn a_pages_lines_text_is_its_transactions_array() {
+    let line = r#"{"txn_id":"x[1]","direction":"in","amount":"1.00","status":"success","time":"2026-03-02T09:00:00Z",
+        "counterparty":{"name":"] \"[ \u005d"}}"#;
+    let cases = [
+        ("{\"transactions\":[]}".to_string(), "[]".to_string()),
+        (format!("{{\"transactions\":[{line}],\"next_from\":null}}"), format!("[{line}]")),
+        (
+            format!(" {{ \"next_from\" : \"2026-03-02T09:01:00Z\" ,\n \"transactions\" : [ {line} , {line} ] }} \n"),
+            format!("[ {line} , {line} ]"),
+        ),
+        (format!("{{\"transaction\\u0073\":[{line}]}}"), format!("[{line}]")),
+    ];
+    for (body, array) in cases {
+        let answer = super::source::parse_page(body.as_bytes(), 50).expect("a page");
+        let kept = answer.lines_json.expect("a page keeps its text");
+        assert_eq!(String::from_utf8(kept.clone()).expect("UTF-8"), array, "{body}");
+        let reread: Vec<pipelines::input::StatementLine> = serde_json::from_slice(&kept).expect("lines");
+        assert_eq!(reread, answer.lines, "{body}");
+    }
+    assert!(super::source::parse_page(b"{\"transactions\":[],\"x\":[1]}", 50).is_err(), "unknown fields still fail");
+}
+
 #[test]
 fn construction_refuses_bad_settings() {
     let build = |adjust: &dyn Fn(&mut StatementConfig)| {
