@@ -10,11 +10,25 @@
 //! `Deserialize`. Input written by others may put the tag anywhere: then the entries are collected as
 //! JSON values and the variant is read from them, with the same errors (unknown fields, missing
 //! fields, unknown variants).
+//!
+//! Bytes are read as JSON through [`from_json_bytes`]: checked as UTF-8 once, as a whole, then read as
+//! text. `serde_json::from_slice` checks each string it reads on its own instead, which made reading a
+//! statement page ≈ 40 % slower (0.50 against 0.36 µs a line, the serve workload's lines).
 
 use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::marker::PhantomData;
+
+/// Reads `T` from JSON bytes: the same values and errors as `serde_json::from_slice`, faster (module
+/// documentation). Bytes that are not UTF-8 are an error naming where they stop being so: JSON text is
+/// UTF-8 (RFC 8259 §8.1), and `from_slice` refuses them too wherever it reads a value.
+pub fn from_json_bytes<'de, T: serde::Deserialize<'de>>(bytes: &'de [u8]) -> serde_json::Result<T> {
+    let text = std::str::from_utf8(bytes).map_err(|error| {
+        serde_json::Error::custom(format!("invalid UTF-8 at byte {} of the JSON text", error.valid_up_to()))
+    })?;
+    serde_json::from_str(text)
+}
 
 /// An enum whose variants are read from a map holding the tag `TAG` beside the variant's fields.
 pub trait Tagged: Sized {
@@ -277,5 +291,28 @@ mod tests {
         }
         let error = serde_json::from_str::<RecordBody>(r#"{"kind":"nope"}"#).expect_err("refused").to_string();
         assert!(error.contains("unknown variant `nope`"), "{error}");
+    }
+
+    /// Bytes read through `from_json_bytes` give what `from_slice` gives: the same commands, the same
+    /// errors for malformed JSON; bytes that are not UTF-8 are refused, inside a string or not.
+    #[test]
+    fn json_bytes_read_as_from_slice_reads_them() {
+        for command in commands() {
+            let bytes = serde_json::to_vec(&command).expect("serializes");
+            let read: Command = super::from_json_bytes(&bytes).expect("reads back");
+            assert_eq!(read, command);
+        }
+        for text in [&br#"{"type":"collection_retry"}"#[..], b"[1,", b"{\"a\":1} x", b""] {
+            let ours = super::from_json_bytes::<Command>(text).expect_err("refused").to_string();
+            let theirs = serde_json::from_slice::<Command>(text).expect_err("refused").to_string();
+            assert_eq!(ours, theirs, "{}", String::from_utf8_lossy(text));
+        }
+        for text in [&b"{\"type\":\"collection_retry\",\"order_id\":\"o\xff\"}"[..], b"\xc3"] {
+            let error = super::from_json_bytes::<Command>(text).expect_err("refused").to_string();
+            assert!(error.starts_with("invalid UTF-8 at byte"), "{error}");
+            assert!(serde_json::from_slice::<Command>(text).is_err(), "from_slice refuses it too");
+        }
+        let error = super::from_json_bytes::<Value>(b"[\"ok\", \"\xe2\x82\"]").expect_err("refused").to_string();
+        assert_eq!(error, "invalid UTF-8 at byte 8 of the JSON text");
     }
 }

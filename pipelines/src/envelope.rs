@@ -37,7 +37,8 @@ pub struct Envelope {
 /// body is anything else, or does not read on the fast path (see the module's documentation). A single
 /// object is left to the slow path: it is one event, and its errors are named without an index.
 pub fn read_envelopes(body: &[u8], events_max: usize) -> Option<Vec<Envelope>> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    // Text that is not UTF-8 is left to the slow path too, which names the error.
+    let mut deserializer = serde_json::Deserializer::from_str(std::str::from_utf8(body).ok()?);
     let envelopes = deserializer.deserialize_seq(BodyVisitor { events_max }).ok()?;
     // Trailing bytes other than whitespace are malformed JSON: the slow path says so.
     deserializer.end().ok()?;

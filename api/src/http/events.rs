@@ -117,7 +117,7 @@ fn objects_of(items: Vec<Value>, events_per_request_max: usize) -> Result<Vec<Ma
 
 /// The body as JSON. An empty body is refused here; typed endpoints treat it as `{}` themselves.
 fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(bytes).map_err(|error| ApiError::MalformedJson(error.to_string()))
+    pipelines::decode::from_json_bytes(bytes).map_err(|error| ApiError::MalformedJson(error.to_string()))
 }
 
 pub fn read_bytes(state: &ApiState, body: Body) -> Result<Bytes, ApiError> {

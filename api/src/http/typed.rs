@@ -96,7 +96,7 @@ fn parse_body<T: DeserializeOwned>(state: &ApiState, body: Body) -> Result<T, Ap
     let value = if bytes.is_empty() {
         Value::Object(Map::new())
     } else {
-        serde_json::from_slice(&bytes).map_err(|error| ApiError::MalformedJson(error.to_string()))?
+        pipelines::decode::from_json_bytes(&bytes).map_err(|error| ApiError::MalformedJson(error.to_string()))?
     };
     let Value::Object(object) = value else {
         return Err(ApiError::MalformedJson("expected a JSON object".to_string()));

@@ -108,7 +108,7 @@ async fn ask_batch(
     debug_assert_eq!(records.first().map(|(offset, _)| *offset), Some(from), "the outputs log has no gaps");
     let mut requests = Vec::new();
     for (offset, bytes) in records.iter().filter(|(_, bytes)| may_be_crawl_request(bytes)) {
-        match serde_json::from_slice::<OutputRecord>(bytes) {
+        match pipelines::decode::from_json_bytes::<OutputRecord>(bytes) {
             Ok(OutputRecord { output, .. }) => {
                 if let OutputBody::CrawlRequested(request) = output.body {
                     requests.push((*offset, output.at, request));

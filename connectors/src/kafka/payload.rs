@@ -157,12 +157,12 @@ pub fn to_topic(
     match layout(log) {
         Layout::DeadLetter => dead_letter_to_topic(json, locate),
         Layout::StageRecord => {
-            let record: StageRecord = serde_json::from_slice(&json).map_err(encoding)?;
+            let record: StageRecord = pipelines::decode::from_json_bytes(&json).map_err(encoding)?;
             let id = ids.id(topic, StageRecord::SCHEMA);
             Ok(TopicRecord { payload: avro(&record, id)?, headers: Vec::new() })
         }
         Layout::Output => {
-            let record: OutputRecord = serde_json::from_slice(&json).map_err(encoding)?;
+            let record: OutputRecord = pipelines::decode::from_json_bytes(&json).map_err(encoding)?;
             let record_id = serde_json::to_vec(&record.id).map_err(encoding)?;
             let id = ids.id(topic, Output::SCHEMA);
             Ok(TopicRecord { payload: avro(&record.output, id)?, headers: vec![(RECORD_ID_HEADER, record_id)] })

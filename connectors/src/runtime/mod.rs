@@ -79,9 +79,9 @@ pub fn record_event_time(log: &str, bytes: &[u8]) -> Option<pipelines::time::Tim
         output: Stamped,
     }
     if log == OUTPUTS_LOG {
-        serde_json::from_slice::<StampedOutput>(bytes).ok().map(|record| record.output.at)
+        pipelines::decode::from_json_bytes::<StampedOutput>(bytes).ok().map(|record| record.output.at)
     } else {
-        serde_json::from_slice::<Stamped>(bytes).ok().map(|record| record.at)
+        pipelines::decode::from_json_bytes::<Stamped>(bytes).ok().map(|record| record.at)
     }
 }
 
@@ -696,7 +696,9 @@ impl Fetched {
     fn decode(self) -> Result<pipelines::partition::StageRecord, (String, Vec<u8>)> {
         match self {
             Fetched::Made(record) => Ok(record),
-            Fetched::Stored(bytes) => serde_json::from_slice(&bytes).map_err(|error| (error.to_string(), bytes)),
+            Fetched::Stored(bytes) => {
+                pipelines::decode::from_json_bytes(&bytes).map_err(|error| (error.to_string(), bytes))
+            }
         }
     }
 }
@@ -830,7 +832,7 @@ pub fn for_each_record<S: Store + ?Sized>(
             if offset >= offsets.end {
                 return Ok(()); // beyond the range (a log with offset gaps returns what comes next)
             }
-            if let Ok(record) = serde_json::from_slice::<pipelines::partition::StageRecord>(&bytes) {
+            if let Ok(record) = pipelines::decode::from_json_bytes::<pipelines::partition::StageRecord>(&bytes) {
                 visit(record);
             }
         }

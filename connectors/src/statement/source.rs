@@ -290,7 +290,8 @@ fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<An
 }
 
 pub(super) fn parse_page(body: &[u8], lines_max: usize) -> Result<Answer, String> {
-    let page: PageBody = serde_json::from_slice(body).map_err(|error| format!("not a statement page: {error}"))?;
+    let page: PageBody =
+        pipelines::decode::from_json_bytes(body).map_err(|error| format!("not a statement page: {error}"))?;
     if page.transactions.len() > lines_max {
         return Err(format!("{} lines where at most {lines_max} were asked for", page.transactions.len()));
     }
@@ -314,7 +315,8 @@ fn lines_text(body: &[u8]) -> Option<&[u8]> {
 }
 
 fn parse_detail(body: &[u8], txn_id: &str) -> Result<Answer, String> {
-    let line: StatementLine = serde_json::from_slice(body).map_err(|error| format!("not a statement line: {error}"))?;
+    let line: StatementLine =
+        pipelines::decode::from_json_bytes(body).map_err(|error| format!("not a statement line: {error}"))?;
     if line.txn_id != txn_id {
         return Err(format!("the detail of {:?} where {txn_id:?} was asked for", line.txn_id));
     }

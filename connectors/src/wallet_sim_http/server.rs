@@ -280,7 +280,7 @@ fn field_of(message: &str) -> Option<String> {
 /// Reads a JSON body into `T`, refusing unreadable, oversized or malformed ones with a JSON error.
 fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|rejection| ApiError::rejection(rejection.status(), rejection.body_text()))?;
-    serde_json::from_slice(&body).map_err(|error| {
+    pipelines::decode::from_json_bytes(&body).map_err(|error| {
         let message = error.to_string();
         ApiError::bad_request("invalid_body", message.clone()).field(field_of(&message))
     })
