@@ -62,9 +62,10 @@ impl Call {
 }
 
 /// A list answer's body (SPEC §10). Its `transactions` array is the only value in it that may hold a
-/// `[` or a `]` (the keys are these two names, `next_from` is null or an RFC 3339 time, and JSON escapes
-/// are letters and digits), so once a body is read the array's text runs from its first `[` to its last
-/// `]` ([`lines_text`]); a field added here must keep that true.
+/// `[` or a `]`: the keys are these two names, `next_from` is null or an RFC 3339 time, and no JSON
+/// escape is written with a bracket (`\uXXXX` is hex digits). So once a body is read as a page, the
+/// array's text runs from its first `[` to its last `]` ([`lines_text`]); a field added here must keep
+/// that true.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PageBody {
@@ -86,7 +87,7 @@ pub(super) struct Answer {
 pub struct Crawled {
     pub result: CrawlResult,
     /// The page's `transactions` array exactly as the provider sent it (validated: `result.lines` was
-    /// read from it), so the embedded runtime writes it into the `crawl_result` record as it is instead
+    /// read from the body holding it), so the embedded runtime writes it into the `crawl_result` record as it is instead
     /// of encoding the lines again: decoding that record reads the same text with the same code, so it
     /// gives the same lines. None for a detail answer and for an error.
     pub lines_json: Option<Vec<u8>>,
