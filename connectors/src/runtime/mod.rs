@@ -499,8 +499,7 @@ impl WriteBatch {
                 .is_ok_and(|decoded| serde_json::to_vec(&decoded).ok() == serde_json::to_vec(&record).ok()),
             "the bytes of a stage record decode to it"
         );
-        self.appends.push((log, bytes));
-        self.stage_records.push((self.appends.len() - 1, record));
+        push_encoded_stage_record(&mut self.appends, &mut self.stage_records, log, record, bytes);
     }
 }
 
@@ -512,9 +511,21 @@ pub fn push_stage_record(
     log: String,
     record: pipelines::partition::StageRecord,
 ) -> Result<(), RuntimeError> {
-    appends.push((log, encode(&record)?));
-    made.push((appends.len() - 1, record));
+    let bytes = encode(&record)?;
+    push_encoded_stage_record(appends, made, log, record, bytes);
     Ok(())
+}
+
+/// The same for a record and its bytes.
+fn push_encoded_stage_record(
+    appends: &mut Records,
+    made: &mut Vec<(usize, pipelines::partition::StageRecord)>,
+    log: String,
+    record: pipelines::partition::StageRecord,
+    bytes: Vec<u8>,
+) {
+    appends.push((log, bytes));
+    made.push((appends.len() - 1, record));
 }
 
 /// A batch handed to [`Store::submit`].
