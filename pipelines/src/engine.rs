@@ -242,6 +242,8 @@ impl Engine {
     /// Most handlers schedule nothing and emit nothing: those return at once (an empty drain and
     /// append cost ≈ 40 instructions, and this runs after every message).
     fn collect_effects(&mut self, now: Timestamp) {
+        // Every message here runs at `now`, which no command that waited is later than.
+        debug_assert!(self.effects.cause_raised.is_empty(), "replay never raises a message's time");
         if !self.effects.timers.is_empty() {
             for (due, timer) in self.effects.timers.drain(..) {
                 self.timers_created += 1;

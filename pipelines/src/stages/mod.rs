@@ -167,10 +167,22 @@ pub struct Effects {
     /// command's own time. Replay's engine runs every message at once, at the time it sets here too,
     /// and stamps nothing with it.
     pub cause_at: Timestamp,
+    /// Where a handler raised `cause_at` ([`Effects::raise_cause_at`]), as (number of messages sent
+    /// before, the time from then on): a message carries the time in effect when it was sent, not the
+    /// last one. Only a partitioned run raises it (replay's engine runs every message at its own time).
+    #[serde(skip)]
+    pub cause_raised: Vec<(usize, Timestamp)>,
     pub outputs: Vec<Output>,
     /// Messages to other stages, oldest first (the engine runs them as its FIFO, SPEC §3).
     pub messages: std::collections::VecDeque<Message>,
     pub timers: Vec<(Timestamp, Timer)>,
+}
+
+/// The time the `index`-th message a handler sent carries, given where it raised its `cause_at`
+/// ([`Effects::cause_raised`]) and the `cause_at` it started with.
+pub fn sent_at(cause_raised: &[(usize, Timestamp)], index: usize, started_at: Timestamp) -> Timestamp {
+    let raised = cause_raised.iter().rev().find(|(sent_before, _)| *sent_before <= index);
+    raised.map_or(started_at, |(_, at)| *at)
 }
 
 impl Effects {
@@ -180,6 +192,16 @@ impl Effects {
 
     pub fn send(&mut self, message: Message) {
         self.messages.push_back(message);
+    }
+
+    /// Stamps what is sent from now on no earlier than `at` (a command that waited is applied: what it
+    /// sends carries its own time, whatever answer released it). Messages sent before keep their time:
+    /// two commands released together must not both carry the later one's time.
+    pub fn raise_cause_at(&mut self, at: Timestamp) {
+        if at > self.cause_at {
+            self.cause_at = at;
+            self.cause_raised.push((self.messages.len(), at));
+        }
     }
 
     /// Schedules a timer. One already overdue keeps its due time as its place in the order (so it fires

@@ -143,7 +143,7 @@ impl OrderStage {
     fn apply_waiting(&mut self, order_id: &str, waiting: Vec<(Text, Command, Timestamp)>, effects: &mut Effects) {
         for (event_id, command, caused_at) in waiting {
             // What it sends is stamped no earlier than the command itself, whatever answer released it.
-            effects.cause_at = effects.cause_at.max(caused_at);
+            effects.raise_cause_at(caused_at);
             self.on_input(order_id, &event_id, command, effects);
         }
     }
