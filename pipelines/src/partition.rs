@@ -934,6 +934,43 @@ mod tests {
         assert_eq!(to_agent, ["2026-03-02T09:00:01Z"], "the grab at its own time, not the confirmation's 09:00:40");
     }
 
+    /// A dispatch applied after the agent's clock moved past it (a lagging order partition's) starts its
+    /// sub-order's statement window at the dispatch's own time, as replay does; the timeline still
+    /// records it at the clock (outputs never go back in time).
+    #[test]
+    fn a_late_dispatch_starts_its_window_at_its_own_time() {
+        let mut partition = StagePartition::new(StageKind::Agent, 0, 1, Config::default());
+        let mut produced = Produced::default();
+        for (offset, line) in [REGISTERED, BOUND, RECHARGED_LATER].into_iter().enumerate() {
+            partition.apply(record(line, offset as u64), &mut produced);
+        }
+        assert_eq!(partition.clock(), Timestamp::parse("2026-03-02T09:05:00Z").expect("a time"));
+        let grabbed_at = Timestamp::parse("2026-03-02T09:00:01Z").expect("a time");
+        let request = crate::stages::DispatchRequest {
+            order_id: "p1".into(),
+            seq: 1,
+            kind: crate::output::OrderKind::Payout,
+            amount: crate::money::Money::parse("10.00").expect("an amount"),
+            card_id: "k1".into(),
+            order_problem: None,
+            expires_at: None,
+            payee: Some(Box::new(crate::input::Party { account_last4: Some("4321".into()), ..Default::default() })),
+            utr: None,
+        };
+        let dispatch = StageRecord {
+            id: RecordId { source: "order-0".into(), offset: 0, index: 0 },
+            at: grabbed_at,
+            body: RecordBody::Message {
+                message: Message::Agent { user_id: "u1".into(), body: AgentBody::Dispatch(request) },
+            },
+        };
+        partition.apply(dispatch, &mut produced);
+        let sub = agent(&partition, "u1").subs.first().expect("the payout's sub-order");
+        assert_eq!(sub.created_at, grabbed_at, "the window starts at the grab, not at the clock's 09:05");
+        let noted_at = sub.timeline.entries.front().map(|entry| entry.at.to_string());
+        assert_eq!(noted_at.as_deref(), Some("2026-03-02T09:05:00Z"), "noted at the clock");
+    }
+
     /// The connector's answer to `request`, stamped `crawl_latency` after it (the event clock).
     fn answer(request: &crate::output::CrawlRequested, asked_at: Timestamp, offset: u64) -> StageRecord {
         answer_with(request, asked_at, offset, None)

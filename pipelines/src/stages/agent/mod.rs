@@ -327,7 +327,10 @@ impl Agent {
             kind: request.kind,
             card_id: request.card_id.clone(),
             amount: request.amount,
-            created_at: now,
+            // The dispatch's own time, where its statement window starts (R-MATCH-P1, R-MATCH-C1), even
+            // if the agent's clock is past it: in a partitioned run an agent partition may have applied
+            // later records before a lagging order partition's dispatch reached it (replay: the same).
+            created_at: context.effects.cause_at.min(now),
             close_at,
             payee: request.payee,
             state: SubState::Paying,
