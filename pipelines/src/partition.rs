@@ -691,9 +691,8 @@ impl StagePartition {
             produced.outputs.append(&mut self.effects.outputs);
             // Each message carries the time in effect when it was sent (a handler applying commands that
             // waited raises it command by command).
-            let mut cause_raised = std::mem::take(&mut self.effects.cause_raised);
             for (index, message) in self.effects.messages.drain(..).enumerate() {
-                let sent_at = crate::stages::sent_at(&cause_raised, index, cause_at);
+                let sent_at = crate::stages::sent_at(&self.effects.cause_raised, index, cause_at);
                 let (kind, key) = destination(&message);
                 if kind == self.kind && partition_of(key, self.partitions) == self.partition {
                     local.push_back((Work::Message(message), sent_at));
@@ -701,8 +700,7 @@ impl StagePartition {
                     produced.messages.push((sent_at, message));
                 }
             }
-            cause_raised.clear();
-            self.effects.cause_raised = cause_raised;
+            self.effects.cause_raised.clear();
             for (due, timer) in self.effects.timers.drain(..) {
                 self.timers_created += 1;
                 let key = (due, self.timers_created);
