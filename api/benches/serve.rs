@@ -553,9 +553,22 @@ fn pipeline_figures(before: &str, after: &str, elapsed: Duration) -> String {
         .reduce(Buckets::plus)
         .unwrap_or_default();
     let seconds = elapsed.as_secs_f64();
+    let ingestions = phase("paisa_store_ingestion_wait_seconds", "");
+    // Absent from a paisa before the thirty-eighth round.
+    let ingestion_waits = if ingestions.total() == 0 {
+        String::new()
+    } else {
+        format!(
+            "\n  requests' ingestions: {}, each waiting for its commit p50 ≤ {}, p99 ≤ {} (the group in flight, \
+             then its own)",
+            ingestions.total(),
+            ingestions.bound_of(0.50),
+            ingestions.bound_of(0.99)
+        )
+    };
     format!(
         "store commits in that phase: {} ({:.0}/s, busy {:.0} % of the time), {:.2} batches each, p50 ≤ {}, \
-         p99 ≤ {}; provider calls: {} ({:.0}/s), p50 ≤ {}, p99 ≤ {}",
+         p99 ≤ {}; provider calls: {} ({:.0}/s), p50 ≤ {}, p99 ≤ {}{ingestion_waits}",
         commits.total(),
         commits.total() as f64 / seconds,
         100.0 * commits.sum / seconds,

@@ -1,6 +1,7 @@
 //! The pipeline's figures for an operator's scraper: calls to the statement provider by wallet provider
 //! and outcome, how long they took, how long the store's commits take and how many batches each
-//! carries, inputs rejected by reason, and records dead-lettered.
+//! carries, how long a request's inputs wait to be durable, inputs rejected by reason, and records
+//! dead-lettered.
 //!
 //! Handles of the `metrics` facade, registered once with the recorder of whoever exports them (the
 //! HTTP API's `GET /metrics`) and kept here: recording is an atomic add, from any thread, and the
@@ -27,6 +28,10 @@ pub const STORE_COMMIT_DURATION: &str = "paisa_store_commit_duration_seconds";
 /// The batches one store commit carries (group commit: processing rounds, connector batches and
 /// requests' ingestions that queued while the one before was written).
 pub const STORE_COMMIT_BATCHES: &str = "paisa_store_commit_batches";
+/// How long a request waits, once its new inputs are queued (or, when it has none, from its check),
+/// until they are durable: the group commit in flight, then the one that writes them (the embedded
+/// store). The largest part of a bulk request's answer time (`docs/PERFORMANCE.md`).
+pub const STORE_INGESTION_WAIT: &str = "paisa_store_ingestion_wait_seconds";
 /// Inputs the stages refused (`command_rejected`), by reason code (SPEC §7).
 pub const COMMANDS_REJECTED: &str = "paisa_commands_rejected_total";
 /// Records no stage could decode, moved to the dead-letter log.
@@ -43,6 +48,7 @@ pub struct PipelineMetrics {
     crawl_call_duration: [Histogram; Provider::ALL.len()],
     store_commit_duration: Histogram,
     store_commit_batches: Histogram,
+    store_ingestion_wait: Histogram,
     /// By `reason as usize` (the index in [`Reason::ALL`]).
     commands_rejected: [Counter; Reason::ALL.len()],
     dead_letters: Counter,
@@ -63,6 +69,7 @@ impl PipelineMetrics {
                 .map(|provider| metrics::histogram!(CRAWL_CALL_DURATION, "provider" => serde_name(provider))),
             store_commit_duration: metrics::histogram!(STORE_COMMIT_DURATION),
             store_commit_batches: metrics::histogram!(STORE_COMMIT_BATCHES),
+            store_ingestion_wait: metrics::histogram!(STORE_INGESTION_WAIT),
             commands_rejected: Reason::ALL
                 .map(|reason| metrics::counter!(COMMANDS_REJECTED, "reason" => serde_name(reason))),
             dead_letters: metrics::counter!(DEAD_LETTERS),
@@ -97,6 +104,11 @@ impl PipelineMetrics {
         self.store_commit_batches.record(batches as f64);
     }
 
+    /// A request's new inputs, queued for a group commit, were durable after `duration`.
+    pub fn ingestion_waited(&self, duration: Duration) {
+        self.store_ingestion_wait.record(duration.as_secs_f64());
+    }
+
     /// What a processing round applied: its rejections and dead letters.
     pub fn applied(&self, counts: &crate::runtime::AppliedCounts) {
         for &reason in &counts.rejected {
@@ -118,6 +130,10 @@ fn describe() {
     );
     metrics::describe_histogram!(STORE_COMMIT_DURATION, "Store commits: one transaction and its sync to disk.");
     metrics::describe_histogram!(STORE_COMMIT_BATCHES, "Batches one store commit carries (group commit).");
+    metrics::describe_histogram!(
+        STORE_INGESTION_WAIT,
+        "A request's new inputs, from queued for a group commit to durable."
+    );
     metrics::describe_counter!(COMMANDS_REJECTED, "Inputs the stages refused (command_rejected), by reason code.");
     metrics::describe_counter!(DEAD_LETTERS, "Records no stage could decode, moved to the dead-letter log.");
 }
@@ -130,6 +146,7 @@ impl Default for PipelineMetrics {
             crawl_call_duration: std::array::from_fn(|_| Histogram::noop()),
             store_commit_duration: Histogram::noop(),
             store_commit_batches: Histogram::noop(),
+            store_ingestion_wait: Histogram::noop(),
             commands_rejected: std::array::from_fn(|_| Counter::noop()),
             dead_letters: Counter::noop(),
         }
@@ -197,6 +214,7 @@ mod tests {
         pipeline.crawl_refused(Provider::Phonepe, CrawlError::DetailUnavailable);
         pipeline.store_commit(3, Duration::from_millis(2));
         pipeline.store_commit(1, Duration::from_millis(4));
+        pipeline.ingestion_waited(Duration::from_millis(3));
         let counts =
             crate::runtime::AppliedCounts { rejected: vec![Reason::UserBanned, Reason::UserBanned], dead_letters: 1 };
         pipeline.applied(&counts);
@@ -213,6 +231,8 @@ mod tests {
         assert_eq!(value(&text, &format!(r#"{CRAWL_CALL_DURATION}_count{{provider="paytm"}}"#)), Some(2.0), "{text}");
         assert_eq!(value(&text, &format!("{STORE_COMMIT_BATCHES}_count")), Some(2.0), "{text}");
         assert_eq!(value(&text, &format!("{STORE_COMMIT_BATCHES}_sum")), Some(4.0), "{text}");
+        assert_eq!(value(&text, &format!("{STORE_INGESTION_WAIT}_count")), Some(1.0), "{text}");
+        assert_eq!(value(&text, &format!("{STORE_INGESTION_WAIT}_sum")), Some(0.003), "{text}");
         assert_eq!(value(&text, &format!(r#"{COMMANDS_REJECTED}{{reason="user_banned"}}"#)), Some(4.0), "{text}");
         assert_eq!(value(&text, &format!(r#"{COMMANDS_REJECTED}{{reason="unknown_order"}}"#)), Some(0.0), "{text}");
         assert_eq!(value(&text, DEAD_LETTERS), Some(2.0), "{text}");

@@ -366,7 +366,7 @@ impl RedbStore {
         })
     }
 
-    /// Times each group commit and counts its batches in `metrics`.
+    /// Times each group commit and counts its batches in `metrics`, and times each ingestion's wait.
     pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::PipelineMetrics>) -> RedbStore {
         self.metrics = metrics;
         self
@@ -894,7 +894,9 @@ impl Store for RedbStore {
             // Nothing was queued since the store opened: every input was ingested before, durably.
             return Ok(outcomes);
         }
+        let queued_at = std::time::Instant::now();
         self.wait_for(Submission::Queued { ticket })?;
+        self.metrics.ingestion_waited(queued_at.elapsed());
         self.refuse_after_failed_ingestion(Some(ticket))?;
         Ok(outcomes)
     }
