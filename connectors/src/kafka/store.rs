@@ -806,10 +806,13 @@ impl Store for KafkaStore {
         if let Some(at) = at_max.filter(|at| Some(*at) != index.at_max_ms) {
             records.push(self.state_record("at_max:ingest".to_string(), &at.to_string()));
         }
+        // From the request's records ready to durable: the producer (one per store) and its transaction.
+        let queued_at = Instant::now();
         let result = self.transact(&records, &[]);
         // Whatever the outcome, the positions handed out are not handed out again.
         index.ingest_head = head;
         result?;
+        self.metrics.ingestion_waited(queued_at.elapsed());
         index.events.extend(new_events);
         index.at_max_ms = at_max;
         for (key, owner) in new_keys {
