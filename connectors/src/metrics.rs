@@ -105,7 +105,8 @@ impl PipelineMetrics {
         self.store_commit_batches.record(batches as f64);
     }
 
-    /// A request's new inputs, queued for a group commit, were durable after `duration`.
+    /// A request's new inputs, once queued (for a group commit, or a Kafka transaction), were durable
+    /// after `duration`.
     pub fn ingestion_waited(&self, duration: Duration) {
         self.store_ingestion_wait.record(duration.as_secs_f64());
     }
@@ -133,7 +134,7 @@ fn describe() {
     metrics::describe_histogram!(STORE_COMMIT_BATCHES, "Batches one store commit carries (group commit).");
     metrics::describe_histogram!(
         STORE_INGESTION_WAIT,
-        "A request's new inputs, from queued for a group commit to durable."
+        "A request's new inputs, from queued to durable (a group commit, or a Kafka transaction)."
     );
     metrics::describe_counter!(COMMANDS_REJECTED, "Inputs the stages refused (command_rejected), by reason code.");
     metrics::describe_counter!(DEAD_LETTERS, "Records no stage could decode, moved to the dead-letter log.");

@@ -806,7 +806,8 @@ impl Store for KafkaStore {
         if let Some(at) = at_max.filter(|at| Some(*at) != index.at_max_ms) {
             records.push(self.state_record("at_max:ingest".to_string(), &at.to_string()));
         }
-        // From the request's records ready to durable: the producer (one per store) and its transaction.
+        // From the request's records ready to committed: the wait for the store's one producer, then its
+        // transaction.
         let queued_at = Instant::now();
         let result = self.transact(&records, &[]);
         // Whatever the outcome, the positions handed out are not handed out again.
