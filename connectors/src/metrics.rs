@@ -28,10 +28,11 @@ pub const STORE_COMMIT_DURATION: &str = "paisa_store_commit_duration_seconds";
 /// The batches one store commit carries (group commit: processing rounds, connector batches and
 /// requests' ingestions that queued while the one before was written).
 pub const STORE_COMMIT_BATCHES: &str = "paisa_store_commit_batches";
-/// How long a request waits, once its new inputs are queued (or, when it has none, from its check),
-/// until they are durable: on the embedded store the group commit in flight, then the one that writes
-/// them (the largest part of a bulk request's answer time, `docs/PERFORMANCE.md`); on Kafka the
-/// request's transaction.
+/// How long a request waits, once its inputs are ready to be written, until they are durable: on the
+/// embedded store the group commit in flight, then the one that writes them (the largest part of a
+/// bulk request's answer time, `docs/PERFORMANCE.md`), and for a request whose inputs were all
+/// ingested before, the last ingestion queued; on Kafka the request's transaction (none without new
+/// inputs).
 pub const STORE_INGESTION_WAIT: &str = "paisa_store_ingestion_wait_seconds";
 /// Inputs the stages refused (`command_rejected`), by reason code (SPEC §7).
 pub const COMMANDS_REJECTED: &str = "paisa_commands_rejected_total";
