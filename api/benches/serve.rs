@@ -27,8 +27,9 @@
 //! agents do: the events/s and latency of concurrent small requests, whose commits the service shares
 //! (`user_registered` of new agents, so that no order of arrival changes what they mean).
 //!
-//! It also prints how long the posting requests took, to the simulator and to the service (one request
-//! in flight at a time), the CPU time each process spent in the throughput phase and the service's by
+//! It also prints how long the posting requests took, to the simulator and to the service (two threads,
+//! one request in flight each; `BENCH_SERIAL=1` posts both streams from one thread, one request at a
+//! time, as the rounds up to the thirty-ninth did: see [`post_all`]), the CPU time each process spent in the throughput phase and the service's by
 //! thread name (Linux: `/proc`), and the service's outputs by type (rejections by reason, callbacks by
 //! order kind and status) beside those of `paisa replay` of the same events (computed in-process): with
 //! the event clock and bulk posting, one stage's partitions run ahead of another's results (SPEC §3
@@ -93,8 +94,84 @@ fn is_wallet(input: &Input) -> bool {
     matches!(input.command, Command::WalletLine(_) | Command::WalletLineStatus(_) | Command::WalletFault(_))
 }
 
-/// Posts inputs in order: wallet events to the simulator, the rest to the service, in bulk.
+/// Posts inputs in chunks of [`BULK_INPUTS`]: each chunk's wallet events to the simulator in one
+/// request, its other events to the service in another. By default two threads post the two streams at
+/// once, each in order, and the service's request for a chunk is sent only once the simulator has
+/// answered the same chunk's request, so every line the scenario puts before an event is at the
+/// provider before the service can ask for it (the simulator answers as of the crawl's event time, so
+/// the later lines it may already hold are not shown early). The requests are those of one thread
+/// posting both in one sequence (`BENCH_SERIAL=1`, and `BENCH_PACED=1`, as every round up to the
+/// thirty-ninth measured), where the simulator's requests — the outside world's statement lines, not
+/// the service's work — counted against the service's throughput while the service waited for its next
+/// request.
 fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+    if std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok() {
+        return post_serially(client, serve, wallet_sim, inputs);
+    }
+    // How many chunks the simulator has answered.
+    let answered = std::sync::Mutex::new(0_usize);
+    let advanced = std::sync::Condvar::new();
+    let (sim_time, (serve_time, posted)) = std::thread::scope(|scope| {
+        let simulator = scope.spawn(|| {
+            // Releases the service's poster however this thread ends: a failed request panics, and the
+            // scope's join then reports it instead of both threads waiting for each other.
+            let _release = ReleaseOnDrop { answered: &answered, advanced: &advanced };
+            let mut sim_time = Duration::ZERO;
+            for (chunk_number, chunk) in inputs.chunks(BULK_INPUTS).enumerate() {
+                let wallet: Vec<&Input> = chunk.iter().filter(|input| is_wallet(input)).collect();
+                if !wallet.is_empty() {
+                    let request_started = Instant::now();
+                    post_wallet_events(client, wallet_sim, &wallet);
+                    sim_time += request_started.elapsed();
+                }
+                *answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = chunk_number + 1;
+                advanced.notify_all();
+            }
+            sim_time
+        });
+        let mut serve_time = Duration::ZERO;
+        let mut posted = 0;
+        for (chunk_number, chunk) in inputs.chunks(BULK_INPUTS).enumerate() {
+            let events: Vec<&Input> = chunk.iter().filter(|input| !is_wallet(input)).collect();
+            if events.is_empty() {
+                continue;
+            }
+            let mut chunks_answered = answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            while *chunks_answered <= chunk_number {
+                chunks_answered = advanced.wait(chunks_answered).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            drop(chunks_answered);
+            let request_started = Instant::now();
+            post_service_events(client, serve, &events);
+            serve_time += request_started.elapsed();
+            posted += events.len();
+        }
+        (simulator.join().expect("the simulator's poster"), (serve_time, posted))
+    });
+    println!(
+        "posting (two streams at once): {:.2} s in the simulator's requests, {:.2} s in the service's",
+        sim_time.as_secs_f64(),
+        serve_time.as_secs_f64()
+    );
+    posted
+}
+
+/// Marks every chunk answered when the simulator's poster ends.
+struct ReleaseOnDrop<'a> {
+    answered: &'a std::sync::Mutex<usize>,
+    advanced: &'a std::sync::Condvar,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        *self.answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = usize::MAX;
+        self.advanced.notify_all();
+    }
+}
+
+/// Posts inputs in one sequence, one request in flight: each chunk's wallet events to the simulator,
+/// then its other events to the service (with `BENCH_PACED`, once the service has processed the last).
+fn post_serially(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
     let paced = std::env::var("BENCH_PACED").is_ok();
     let mut posted = 0;
     let (mut sim_time, mut serve_time) = (Duration::ZERO, Duration::ZERO);
@@ -102,15 +179,12 @@ fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, i
         let (wallet, events): (Vec<&Input>, Vec<&Input>) = chunk.iter().partition(|input| is_wallet(input));
         if !wallet.is_empty() {
             let request_started = Instant::now();
-            let response = client.post(format!("{wallet_sim}/sim/v1/events")).json(&wallet).send().expect("sim");
-            assert!(response.status().is_success(), "wallet events: {}", response.text().unwrap_or_default());
+            post_wallet_events(client, wallet_sim, &wallet);
             sim_time += request_started.elapsed();
         }
         if !events.is_empty() {
             let request_started = Instant::now();
-            let response =
-                client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(&events).send().expect("serve");
-            assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
+            post_service_events(client, serve, &events);
             serve_time += request_started.elapsed();
             posted += events.len();
             if paced {
@@ -119,11 +193,21 @@ fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, i
         }
     }
     println!(
-        "posting: {:.2} s in the simulator's requests, {:.2} s in the service's",
+        "posting (one sequence): {:.2} s in the simulator's requests, {:.2} s in the service's",
         sim_time.as_secs_f64(),
         serve_time.as_secs_f64()
     );
     posted
+}
+
+fn post_wallet_events(client: &reqwest::blocking::Client, wallet_sim: &str, wallet: &[&Input]) {
+    let response = client.post(format!("{wallet_sim}/sim/v1/events")).json(wallet).send().expect("sim");
+    assert!(response.status().is_success(), "wallet events: {}", response.text().unwrap_or_default());
+}
+
+fn post_service_events(client: &reqwest::blocking::Client, serve: &str, events: &[&Input]) {
+    let response = client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY).json(events).send().expect("serve");
+    assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
 }
 
 fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {
