@@ -92,7 +92,9 @@ const STREAM_SLICE_INPUTS: usize = 4096;
 
 /// Runs a scenario as a service runs its inputs: the outputs are handed to `take` every
 /// `STREAM_SLICE_INPUTS` inputs and at the end instead of piling up in the engine (the engine
-/// benchmark and the profiling example).
+/// benchmark and the profiling example). Never inlined: `deploy/instructions` counts the instructions
+/// run inside it by its name, which link-time optimisation would otherwise fold into its caller.
+#[inline(never)]
 pub fn run_streaming(scenario: Scenario, mut take: impl FnMut(Vec<crate::output::Output>)) -> Engine {
     let mut engine = Engine::new(scenario.config, Some(WalletSim::default()));
     let last_at = scenario.inputs.last().map(|input| input.at);
