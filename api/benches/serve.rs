@@ -29,12 +29,12 @@
 //!
 //! It also prints how long the posting requests took, to the simulator and to the service (two threads,
 //! one request in flight each; `BENCH_SERIAL=1` posts both streams from one thread, one request at a
-//! time, as the rounds up to the thirty-ninth did: see [`post_all`]), the CPU time each process spent in the throughput phase and the service's by
-//! thread name (Linux: `/proc`), and the service's outputs by type (rejections by reason, callbacks by
-//! order kind and status) beside those of `paisa replay` of the same events (computed in-process): with
-//! the event clock and bulk posting, one stage's partitions run ahead of another's results (SPEC §3
-//! gives parity only for spaced inputs), so the service does more crawls than replay and decides some
-//! orders otherwise (see `docs/PERFORMANCE.md`).
+//! time, as the rounds up to the thirty-ninth did: see [`post_all`]), the CPU time each process spent
+//! in the throughput phase and the service's by thread name (Linux: `/proc`), and the service's outputs
+//! by type (rejections by reason, callbacks by order kind and status) beside those of `paisa replay` of
+//! the same events (computed in-process): with the event clock and bulk posting, one stage's partitions
+//! run ahead of another's results (SPEC §3 gives parity only for spaced inputs), so the service does
+//! more crawls than replay and decides some orders otherwise (see `docs/PERFORMANCE.md`).
 
 use pipelines::input::Command;
 use pipelines::Input;
@@ -100,10 +100,10 @@ fn is_wallet(input: &Input) -> bool {
 /// answered the same chunk's request, so every line the scenario puts before an event is at the
 /// provider before the service can ask for it (the simulator answers as of the crawl's event time, so
 /// the later lines it may already hold are not shown early). The requests are those of one thread
-/// posting both in one sequence (`BENCH_SERIAL=1`, and `BENCH_PACED=1`, as every round up to the
-/// thirty-ninth measured), where the simulator's requests — the outside world's statement lines, not
-/// the service's work — counted against the service's throughput while the service waited for its next
-/// request.
+/// posting both in one sequence (`BENCH_SERIAL=1`; `BENCH_PACED=1` posts that way too), which every
+/// round up to the thirty-ninth measured: there the simulator's requests — the outside world's
+/// statement lines, not the service's work — counted against the service's throughput while the
+/// service waited for its next request.
 fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
     if std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok() {
         return post_serially(client, serve, wallet_sim, inputs);
