@@ -105,99 +105,101 @@ fn is_wallet(input: &Input) -> bool {
 /// statement lines, not the service's work — counted against the service's throughput while the
 /// service waited for its next request.
 fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
-    if std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok() {
-        return post_serially(client, serve, wallet_sim, inputs);
-    }
-    // How many chunks the simulator has answered.
-    let answered = std::sync::Mutex::new(0_usize);
-    let advanced = std::sync::Condvar::new();
-    let (sim_time, (serve_time, posted)) = std::thread::scope(|scope| {
-        let simulator = scope.spawn(|| {
-            // Releases the service's poster however this thread ends: a failed request panics, and the
-            // scope's join then reports it instead of both threads waiting for each other.
-            let _release = ReleaseOnDrop { answered: &answered, advanced: &advanced };
+    // Each chunk split once into (wallet events, the service's events).
+    let chunks: Vec<(Vec<&Input>, Vec<&Input>)> =
+        inputs.chunks(BULK_INPUTS).map(|chunk| chunk.iter().partition(|input| is_wallet(input))).collect();
+    let serial = std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok();
+    let posting = if serial {
+        post_serially(client, serve, wallet_sim, &chunks)
+    } else {
+        post_at_once(client, serve, wallet_sim, &chunks)
+    };
+    println!(
+        "posting ({}): {:.2} s in the simulator's requests, {:.2} s in the service's",
+        if serial { "one sequence" } else { "two streams at once" },
+        posting.sim_time.as_secs_f64(),
+        posting.serve_time.as_secs_f64()
+    );
+    posting.posted
+}
+
+/// What posting took: the time in each process's requests, and the events the service was sent.
+struct Posting {
+    sim_time: Duration,
+    serve_time: Duration,
+    posted: usize,
+}
+
+/// Posts the two streams from two threads; the service's request for a chunk waits until the
+/// simulator has answered that chunk's (see [`post_all`]).
+fn post_at_once(
+    client: &reqwest::blocking::Client,
+    serve: &str,
+    wallet_sim: &str,
+    chunks: &[(Vec<&Input>, Vec<&Input>)],
+) -> Posting {
+    // The simulator's thread sends the number of chunks it has answered after each; at most one message
+    // per chunk, so the channel never blocks it. When that thread ends — done, or panicking on a failed
+    // request — the channel disconnects and the service's thread stops waiting; the scope's join then
+    // reports the panic.
+    let (answered_sender, answered) = std::sync::mpsc::sync_channel::<usize>(chunks.len().max(1));
+    std::thread::scope(|scope| {
+        let simulator = scope.spawn(move || {
             let mut sim_time = Duration::ZERO;
-            for (chunk_number, chunk) in inputs.chunks(BULK_INPUTS).enumerate() {
-                let wallet: Vec<&Input> = chunk.iter().filter(|input| is_wallet(input)).collect();
+            for (chunk_number, (wallet, _)) in chunks.iter().enumerate() {
                 if !wallet.is_empty() {
                     let request_started = Instant::now();
-                    post_wallet_events(client, wallet_sim, &wallet);
+                    post_wallet_events(client, wallet_sim, wallet);
                     sim_time += request_started.elapsed();
                 }
-                *answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = chunk_number + 1;
-                advanced.notify_all();
+                let _ = answered_sender.send(chunk_number + 1);
             }
             sim_time
         });
-        let mut serve_time = Duration::ZERO;
-        let mut posted = 0;
-        for (chunk_number, chunk) in inputs.chunks(BULK_INPUTS).enumerate() {
-            let events: Vec<&Input> = chunk.iter().filter(|input| !is_wallet(input)).collect();
+        let (mut serve_time, mut posted, mut chunks_answered) = (Duration::ZERO, 0, 0);
+        for (chunk_number, (_, events)) in chunks.iter().enumerate() {
             if events.is_empty() {
                 continue;
             }
-            let mut chunks_answered = answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            while *chunks_answered <= chunk_number {
-                chunks_answered = advanced.wait(chunks_answered).unwrap_or_else(std::sync::PoisonError::into_inner);
+            while chunks_answered <= chunk_number {
+                chunks_answered = answered.recv().unwrap_or(usize::MAX);
             }
-            drop(chunks_answered);
             let request_started = Instant::now();
-            post_service_events(client, serve, &events);
+            post_service_events(client, serve, events);
             serve_time += request_started.elapsed();
             posted += events.len();
         }
-        (simulator.join().expect("the simulator's poster"), (serve_time, posted))
-    });
-    println!(
-        "posting (two streams at once): {:.2} s in the simulator's requests, {:.2} s in the service's",
-        sim_time.as_secs_f64(),
-        serve_time.as_secs_f64()
-    );
-    posted
-}
-
-/// Marks every chunk answered when the simulator's poster ends.
-struct ReleaseOnDrop<'a> {
-    answered: &'a std::sync::Mutex<usize>,
-    advanced: &'a std::sync::Condvar,
-}
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        *self.answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = usize::MAX;
-        self.advanced.notify_all();
-    }
+        Posting { sim_time: simulator.join().expect("the simulator's poster"), serve_time, posted }
+    })
 }
 
 /// Posts inputs in one sequence, one request in flight: each chunk's wallet events to the simulator,
 /// then its other events to the service (with `BENCH_PACED`, once the service has processed the last).
-fn post_serially(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+fn post_serially(
+    client: &reqwest::blocking::Client,
+    serve: &str,
+    wallet_sim: &str,
+    chunks: &[(Vec<&Input>, Vec<&Input>)],
+) -> Posting {
     let paced = std::env::var("BENCH_PACED").is_ok();
-    let mut posted = 0;
-    let (mut sim_time, mut serve_time) = (Duration::ZERO, Duration::ZERO);
-    for chunk in inputs.chunks(BULK_INPUTS) {
-        let (wallet, events): (Vec<&Input>, Vec<&Input>) = chunk.iter().partition(|input| is_wallet(input));
+    let mut posting = Posting { sim_time: Duration::ZERO, serve_time: Duration::ZERO, posted: 0 };
+    for (wallet, events) in chunks {
         if !wallet.is_empty() {
             let request_started = Instant::now();
-            post_wallet_events(client, wallet_sim, &wallet);
-            sim_time += request_started.elapsed();
+            post_wallet_events(client, wallet_sim, wallet);
+            posting.sim_time += request_started.elapsed();
         }
         if !events.is_empty() {
             let request_started = Instant::now();
-            post_service_events(client, serve, &events);
-            serve_time += request_started.elapsed();
-            posted += events.len();
+            post_service_events(client, serve, events);
+            posting.serve_time += request_started.elapsed();
+            posting.posted += events.len();
             if paced {
                 wait_quiescent(client, serve);
             }
         }
     }
-    println!(
-        "posting (one sequence): {:.2} s in the simulator's requests, {:.2} s in the service's",
-        sim_time.as_secs_f64(),
-        serve_time.as_secs_f64()
-    );
-    posted
+    posting
 }
 
 fn post_wallet_events(client: &reqwest::blocking::Client, wallet_sim: &str, wallet: &[&Input]) {
