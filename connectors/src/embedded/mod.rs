@@ -14,7 +14,7 @@ mod reads;
 pub mod reprocess;
 pub mod store;
 
-use crate::runtime::{appended_logs, push_stage_record, HandedBatch};
+use crate::runtime::{appended_logs, push_stage_record, HandedBatch, CONNECTOR_CONSUMER};
 use crate::runtime::{
     apply_batch_from, commit_applied, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
@@ -160,6 +160,9 @@ pub(crate) struct Inner {
     /// Held (read) by a processing round from its first read to its commit, and (write) by a change of
     /// assignment: a revocation returns only once no round is in flight.
     gate: RwLock<()>,
+    /// Rung by a processing thread that runs out of records, so that on the event clock the ticker
+    /// ticks as soon as the pipeline has drained instead of at its next period ([`run_ticker`]).
+    ticker_bell: Doorbell,
     /// Records applied again to restore partitions the group assigned, and the records those partitions
     /// had committed (the difference came from snapshots), summed over every take-over.
     taken_over_records: Mutex<(u64, u64)>,
@@ -265,6 +268,7 @@ impl Embedded {
             projector: read_model.map(|model| Arc::new(projector::Projector::new(model))),
             assigned: shared.then(|| RwLock::new(std::collections::BTreeSet::new())),
             gate: RwLock::new(()),
+            ticker_bell: Doorbell::default(),
             taken_over_records: Mutex::new((0, 0)),
         });
         if let Some(projector) = &inner.projector {
@@ -357,6 +361,7 @@ impl Embedded {
         for doorbell in self.inner.doorbells.values() {
             doorbell.ring();
         }
+        self.inner.ticker_bell.ring();
         if let Some(projector) = &self.inner.projector {
             projector.doorbell.ring();
         }
@@ -691,6 +696,9 @@ fn run_pipelined(
                 in_flight += 1;
             } else if !wait {
                 // Nothing to apply and nothing committing: wait for a commit (of any thread) to ring.
+                if inner.config.clock == ClockMode::Event {
+                    inner.ticker_bell.ring();
+                }
                 doorbell.wait(Duration::from_millis(IDLE_WAIT_MS));
             }
         };
@@ -819,16 +827,63 @@ fn take_over(inner: &Inner, logs: &[String]) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Appends a `tick` to every partition with a timer due (SPEC §3: timers fire on quiet partitions).
+/// Appends a `tick` to every partition with a timer due (SPEC §3: timers fire on quiet partitions),
+/// every `tick_interval_ms`.
+///
+/// On the event clock, and when this instance owns every partition, it also ticks as soon as the
+/// pipeline has drained: time moves only with ingestion there, so once every record is applied the one
+/// tick still owed (at the largest `at` ingested) would otherwise wait out the period, up to 100 ms in
+/// which nothing else can happen (`docs/DECISIONS.md`, "Ticks"). A processing thread that runs out of
+/// records rings the ticker; the ticker ticks early only with every log drained and the clock moved
+/// since its last early tick, so it ticks early at most once per ingested time.
 fn run_ticker(inner: &Inner) {
     // The id of the last tick appended to each partition.
     let mut last_ticks: BTreeMap<(StageKind, u32), (u64, u32)> = BTreeMap::new();
+    let period = Duration::from_millis(inner.config.tick_interval_ms);
+    let ticks_early = inner.config.clock == ClockMode::Event && inner.assigned.is_none();
+    let mut next_period = std::time::Instant::now() + period;
+    let mut last_early_ms: Option<i64> = None;
     while !inner.stopping.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(inner.config.tick_interval_ms));
-        if let Err(error) = tick(inner, ticker_now_ms(inner), &mut last_ticks) {
+        let waited = next_period.saturating_duration_since(std::time::Instant::now());
+        if !waited.is_zero() {
+            inner.ticker_bell.wait(waited);
+        }
+        if inner.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let periodic = std::time::Instant::now() >= next_period;
+        let now_ms = ticker_now_ms(inner);
+        if periodic {
+            next_period = std::time::Instant::now() + period;
+        } else if !(ticks_early && last_early_ms < Some(now_ms) && drained(inner)) {
+            continue;
+        } else {
+            last_early_ms = Some(now_ms);
+        }
+        if let Err(error) = tick(inner, now_ms, &mut last_ticks) {
             tracing::warn!(%error, "tick not appended");
         }
     }
+}
+
+/// Whether every stage log and the statement connector's backlog are consumed and committed, and no
+/// agent partition holds records for an answer: nothing more happens before the next input but the
+/// timers a tick fires.
+fn drained(inner: &Inner) -> bool {
+    let logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
+    // A stage log's consumer is named after its log.
+    let mut pairs: Vec<(&str, &str)> = logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
+    if inner.connector_attached.load(Ordering::SeqCst) {
+        pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
+    }
+    let consumed = inner.store.backlog(&pairs).is_ok_and(|backlog| backlog.iter().all(|records| *records == 0));
+    let holds_none = || {
+        inner
+            .partitions
+            .values()
+            .all(|partition| read_lock(partition).answer_barrier().is_none_or(|barrier| barrier.held() == 0))
+    };
+    consumed && holds_none()
 }
 
 /// The time the ticker ticks at: the wall clock, or (event clock) the largest `at` ingested.
@@ -1247,6 +1302,26 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(60), "still {} records to process", embedded.lag());
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// On the event clock the tick owed once every record is applied (timers due at or before the
+    /// largest `at` ingested) comes as soon as the pipeline has drained: with the ticker's period set
+    /// to an hour, the lag still reaches 0, and the partitions applied ticks.
+    #[test]
+    fn on_the_event_clock_the_ticker_ticks_once_drained_without_waiting_for_its_period() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig {
+            tick_interval_ms: 3_600_000,
+            ..EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event)
+        };
+        let embedded = Embedded::start(config).expect("starts");
+        embedded.append(pipeline_inputs(6, 1)).expect("appended");
+        wait_until_processed(&embedded);
+        let ticked =
+            |partition: &Arc<RwLock<StagePartition>>| read_lock(partition).last_applied(TICKER_SOURCE).is_some();
+        let partitions_ticked = embedded.inner.partitions.values().filter(|partition| ticked(partition)).count();
+        assert!(partitions_ticked > 0, "timers came due by the last input, and a tick fired them");
+        embedded.stop();
     }
 
     /// The lag names the logs records wait in: appended before any processing thread runs, each
