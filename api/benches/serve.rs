@@ -113,76 +113,120 @@ fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, i
         .chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1))
         .map(|chunk| chunk.iter().partition(|input| is_wallet(input)))
         .collect();
+    let endpoints = Endpoints { client, serve, wallet_sim };
     let serial = std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok();
-    let posting = if serial {
-        post_serially(client, serve, wallet_sim, &chunks)
-    } else {
-        post_at_once(client, serve, wallet_sim, &chunks)
-    };
+    let posting = if serial { endpoints.post_serially(&chunks) } else { endpoints.post_at_once(&chunks) };
     println!(
         "posting ({}): {:.2} s in the simulator's requests, {:.2} s in the service's",
         if serial { "one sequence" } else { "two streams at once" },
         posting.sim_time.as_secs_f64(),
         posting.serve_time.as_secs_f64()
     );
-    posting.posted
+    chunks.iter().map(|(_, events)| events.len()).sum()
 }
 
-/// What posting took: the time in each process's requests, and the events the service was sent.
+/// What posting took: the time in each process's requests.
 struct Posting {
     sim_time: Duration,
     serve_time: Duration,
-    posted: usize,
 }
 
-/// Posts the two streams from two threads; the service's request for a chunk waits until the
-/// simulator has answered that chunk's (see [`post_all`]). Each stream's bodies are encoded one ahead
-/// ([`encode_ahead`]).
-fn post_at_once(
-    client: &reqwest::blocking::Client,
-    serve: &str,
-    wallet_sim: &str,
-    chunks: &[(Vec<&Input>, Vec<&Input>)],
-) -> Posting {
-    // The simulator's thread sends the number of chunks it has answered after each; at most one message
-    // per chunk, so the channel never blocks it. When that thread ends — done, or panicking on a failed
-    // request — the channel disconnects and the service's thread stops waiting; the scope's join then
-    // reports the panic.
-    let (answered_sender, answered) = std::sync::mpsc::sync_channel::<usize>(chunks.len().max(1));
-    std::thread::scope(|scope| {
-        let wallet_bodies = encode_ahead(scope, chunks.iter().map(|(wallet, _)| wallet.as_slice()));
-        let service_bodies = encode_ahead(scope, chunks.iter().map(|(_, events)| events.as_slice()));
-        let simulator = scope.spawn(move || {
-            let mut sim_time = Duration::ZERO;
-            for (chunk_number, body) in wallet_bodies.iter().enumerate() {
-                if let Some(body) = body {
-                    let request_started = Instant::now();
-                    post_wallet_body(client, wallet_sim, body);
-                    sim_time += request_started.elapsed();
+/// Where posting sends its requests: the simulator's wallet lines and the service's events.
+struct Endpoints<'a> {
+    client: &'a reqwest::blocking::Client,
+    serve: &'a str,
+    wallet_sim: &'a str,
+}
+
+impl Endpoints<'_> {
+    /// Posts the two streams from two threads; the service's request for a chunk waits until the
+    /// simulator has answered that chunk's (see [`post_all`]). Each stream's bodies are encoded one
+    /// ahead ([`encode_ahead`]).
+    fn post_at_once(&self, chunks: &[(Vec<&Input>, Vec<&Input>)]) -> Posting {
+        // The simulator's thread sends the number of chunks it has answered after each; at most one
+        // message per chunk, so the channel never blocks it. When that thread ends — done, or panicking
+        // on a failed request — the channel disconnects and the service's thread stops waiting; the
+        // scope's join then reports the panic.
+        let (answered_sender, answered) = std::sync::mpsc::sync_channel::<usize>(chunks.len().max(1));
+        std::thread::scope(|scope| {
+            let wallet_bodies = encode_ahead(scope, chunks.iter().map(|(wallet, _)| wallet.as_slice()));
+            let service_bodies = encode_ahead(scope, chunks.iter().map(|(_, events)| events.as_slice()));
+            let simulator = scope.spawn(move || {
+                let mut sim_time = Duration::ZERO;
+                for (chunk_number, body) in wallet_bodies.iter().enumerate() {
+                    if let Some(body) = body {
+                        let request_started = Instant::now();
+                        self.post_wallet_lines(body);
+                        sim_time += request_started.elapsed();
+                    }
+                    let _ = answered_sender.send(chunk_number + 1);
                 }
-                let _ = answered_sender.send(chunk_number + 1);
+                sim_time
+            });
+            let (mut serve_time, mut chunks_answered) = (Duration::ZERO, 0);
+            for (chunk_number, body) in service_bodies.iter().enumerate() {
+                let Some(body) = body else { continue };
+                while chunks_answered <= chunk_number {
+                    chunks_answered = answered.recv().unwrap_or(usize::MAX);
+                }
+                let request_started = Instant::now();
+                self.post_events(body);
+                serve_time += request_started.elapsed();
             }
-            sim_time
-        });
-        let (mut serve_time, mut posted, mut chunks_answered) = (Duration::ZERO, 0, 0);
-        for (chunk_number, (body, (_, events))) in service_bodies.iter().zip(chunks).enumerate() {
-            let Some(body) = body else { continue };
-            while chunks_answered <= chunk_number {
-                chunks_answered = answered.recv().unwrap_or(usize::MAX);
+            Posting { sim_time: simulator.join().expect("the simulator's poster"), serve_time }
+        })
+    }
+
+    /// Posts inputs in one sequence, one request in flight, each body encoded in turn: each chunk's
+    /// wallet events to the simulator, then its other events to the service (with `BENCH_PACED`, once
+    /// the service has processed the last).
+    fn post_serially(&self, chunks: &[(Vec<&Input>, Vec<&Input>)]) -> Posting {
+        let paced = std::env::var("BENCH_PACED").is_ok();
+        let mut posting = Posting { sim_time: Duration::ZERO, serve_time: Duration::ZERO };
+        for (wallet, events) in chunks {
+            if let Some(body) = body_of(wallet) {
+                let request_started = Instant::now();
+                self.post_wallet_lines(body);
+                posting.sim_time += request_started.elapsed();
             }
-            let request_started = Instant::now();
-            post_service_body(client, serve, body);
-            serve_time += request_started.elapsed();
-            posted += events.len();
+            if let Some(body) = body_of(events) {
+                let request_started = Instant::now();
+                self.post_events(body);
+                posting.serve_time += request_started.elapsed();
+                if paced {
+                    wait_quiescent(self.client, self.serve);
+                }
+            }
         }
-        Posting { sim_time: simulator.join().expect("the simulator's poster"), serve_time, posted }
-    })
+        posting
+    }
+
+    fn post_wallet_lines(&self, body: Vec<u8>) {
+        let request = self.client.post(format!("{}/sim/v1/events", self.wallet_sim));
+        expect_accepted(request, body, "wallet events");
+    }
+
+    fn post_events(&self, body: Vec<u8>) {
+        let request = self.client.post(format!("{}/v1/events", self.serve)).bearer_auth(ADMIN_KEY);
+        expect_accepted(request, body, "events");
+    }
 }
 
-/// Request bodies encoded one ahead of the poster, on a thread of their own (None for an empty chunk):
-/// the client encodes the next body while its last request is in flight, as a client with its batch
-/// ready would, instead of between the service's answer and its next request. The encoding stays in
-/// the timed phase and on the same cores; only its place on the posting path changes.
+/// Sends a JSON body and fails the benchmark on any answer but a success.
+fn expect_accepted(request: reqwest::blocking::RequestBuilder, body: Vec<u8>, what: &str) {
+    let response = request.header("content-type", "application/json").body(body).send().expect(what);
+    assert!(response.status().is_success(), "{what}: {}", response.text().unwrap_or_default());
+}
+
+/// A chunk's request body: its inputs as a JSON array, None for an empty chunk (no request).
+fn body_of(chunk: &[&Input]) -> Option<Vec<u8>> {
+    (!chunk.is_empty()).then(|| serde_json::to_vec(chunk).expect("JSON"))
+}
+
+/// Request bodies encoded one ahead of the poster, on a thread of their own ([`body_of`]): the client
+/// encodes the next body while its last request is in flight, as a client with its batch ready would,
+/// instead of between the service's answer and its next request. The encoding stays in the timed phase
+/// and on the same cores; only its place on the posting path changes.
 fn encode_ahead<'scope, 'chunks: 'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     chunks: impl Iterator<Item = &'chunks [&'chunks Input]> + Send + 'scope,
@@ -190,63 +234,12 @@ fn encode_ahead<'scope, 'chunks: 'scope>(
     let (bodies, encoded) = std::sync::mpsc::sync_channel(1);
     scope.spawn(move || {
         for chunk in chunks {
-            let body = (!chunk.is_empty()).then(|| serde_json::to_vec(chunk).expect("JSON"));
-            if bodies.send(body).is_err() {
+            if bodies.send(body_of(chunk)).is_err() {
                 return; // the poster stopped (a failed request): its panic is reported by the scope
             }
         }
     });
     encoded
-}
-
-/// Posts inputs in one sequence, one request in flight: each chunk's wallet events to the simulator,
-/// then its other events to the service (with `BENCH_PACED`, once the service has processed the last).
-fn post_serially(
-    client: &reqwest::blocking::Client,
-    serve: &str,
-    wallet_sim: &str,
-    chunks: &[(Vec<&Input>, Vec<&Input>)],
-) -> Posting {
-    let paced = std::env::var("BENCH_PACED").is_ok();
-    let mut posting = Posting { sim_time: Duration::ZERO, serve_time: Duration::ZERO, posted: 0 };
-    for (wallet, events) in chunks {
-        if !wallet.is_empty() {
-            let request_started = Instant::now();
-            post_wallet_events(client, wallet_sim, wallet);
-            posting.sim_time += request_started.elapsed();
-        }
-        if !events.is_empty() {
-            let request_started = Instant::now();
-            post_service_events(client, serve, events);
-            posting.serve_time += request_started.elapsed();
-            posting.posted += events.len();
-            if paced {
-                wait_quiescent(client, serve);
-            }
-        }
-    }
-    posting
-}
-
-fn post_wallet_events(client: &reqwest::blocking::Client, wallet_sim: &str, wallet: &[&Input]) {
-    post_wallet_body(client, wallet_sim, serde_json::to_vec(wallet).expect("JSON"));
-}
-
-fn post_wallet_body(client: &reqwest::blocking::Client, wallet_sim: &str, body: Vec<u8>) {
-    let request = client.post(format!("{wallet_sim}/sim/v1/events")).header("content-type", "application/json");
-    let response = request.body(body).send().expect("sim");
-    assert!(response.status().is_success(), "wallet events: {}", response.text().unwrap_or_default());
-}
-
-fn post_service_events(client: &reqwest::blocking::Client, serve: &str, events: &[&Input]) {
-    post_service_body(client, serve, serde_json::to_vec(events).expect("JSON"));
-}
-
-fn post_service_body(client: &reqwest::blocking::Client, serve: &str, body: Vec<u8>) {
-    let request = client.post(format!("{serve}/v1/events")).bearer_auth(ADMIN_KEY);
-    let request = request.header("content-type", "application/json").body(body);
-    let response = request.send().expect("serve");
-    assert!(response.status().is_success(), "events: {}", response.text().unwrap_or_default());
 }
 
 fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {

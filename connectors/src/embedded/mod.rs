@@ -14,7 +14,7 @@ mod reads;
 pub mod reprocess;
 pub mod store;
 
-use crate::runtime::{appended_logs, push_stage_record, HandedBatch, CONNECTOR_CONSUMER};
+use crate::runtime::{appended_logs, push_stage_record, HandedBatch};
 use crate::runtime::{
     apply_batch_from, commit_applied, for_each_record, lock, read_lock, restore, stage_log, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
@@ -851,14 +851,13 @@ fn run_ticker(inner: &Inner) {
         if inner.stopping.load(Ordering::SeqCst) {
             break;
         }
-        let periodic = std::time::Instant::now() >= next_period;
         let now_ms = ticker_now_ms(inner);
-        if periodic {
+        if std::time::Instant::now() >= next_period {
             next_period = std::time::Instant::now() + period;
-        } else if !(ticks_early && last_early_ms < Some(now_ms) && drained(inner)) {
-            continue;
-        } else {
+        } else if ticks_early && last_early_ms < Some(now_ms) && drained(inner) {
             last_early_ms = Some(now_ms);
+        } else {
+            continue; // woken early with records still to apply, or this time already ticked early
         }
         if let Err(error) = tick(inner, now_ms, &mut last_ticks) {
             tracing::warn!(%error, "tick not appended");
@@ -867,23 +866,10 @@ fn run_ticker(inner: &Inner) {
 }
 
 /// Whether every stage log and the statement connector's backlog are consumed and committed, and no
-/// agent partition holds records for an answer: nothing more happens before the next input but the
-/// timers a tick fires.
+/// agent partition holds records for an answer (the lag report's figures by log, all 0): nothing more
+/// happens before the next input but the timers a tick fires.
 fn drained(inner: &Inner) -> bool {
-    let logs: Vec<String> = inner.partitions.keys().map(|&(kind, index)| stage_log(kind, index)).collect();
-    // A stage log's consumer is named after its log.
-    let mut pairs: Vec<(&str, &str)> = logs.iter().map(|log| (log.as_str(), log.as_str())).collect();
-    if inner.connector_attached.load(Ordering::SeqCst) {
-        pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
-    }
-    let consumed = inner.store.backlog(&pairs).is_ok_and(|backlog| backlog.iter().all(|records| *records == 0));
-    let holds_none = || {
-        inner
-            .partitions
-            .values()
-            .all(|partition| read_lock(partition).answer_barrier().is_none_or(|barrier| barrier.held() == 0))
-    };
-    consumed && holds_none()
+    reads::lag_report(inner).logs.values().all(|records| *records == 0)
 }
 
 /// The time the ticker ticks at: the wall clock, or (event clock) the largest `at` ingested.
