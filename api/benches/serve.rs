@@ -161,9 +161,7 @@ impl Endpoints<'_> {
                 let mut sim_time = Duration::ZERO;
                 for (chunk_number, body) in wallet_bodies.iter().enumerate() {
                     if let Some(body) = body {
-                        let request_started = Instant::now();
-                        self.post_wallet_lines(body);
-                        sim_time += request_started.elapsed();
+                        sim_time += self.post_wallet_lines(body);
                     }
                     let _ = answered_sender.send(chunk_number + 1);
                 }
@@ -175,9 +173,7 @@ impl Endpoints<'_> {
                 while chunks_answered <= chunk_number {
                     chunks_answered = answered.recv().unwrap_or(usize::MAX);
                 }
-                let request_started = Instant::now();
-                self.post_events(body);
-                serve_time += request_started.elapsed();
+                serve_time += self.post_events(body);
             }
             Posting { sim_time: simulator.join().expect("the simulator's poster"), serve_time }
         })
@@ -191,14 +187,10 @@ impl Endpoints<'_> {
         let mut posting = Posting { sim_time: Duration::ZERO, serve_time: Duration::ZERO };
         for (wallet, events) in chunks {
             if let Some(body) = body_of(wallet) {
-                let request_started = Instant::now();
-                self.post_wallet_lines(body);
-                posting.sim_time += request_started.elapsed();
+                posting.sim_time += self.post_wallet_lines(body);
             }
             if let Some(body) = body_of(events) {
-                let request_started = Instant::now();
-                self.post_events(body);
-                posting.serve_time += request_started.elapsed();
+                posting.serve_time += self.post_events(body);
                 if paced {
                     wait_quiescent(self.client, self.serve);
                 }
@@ -207,21 +199,26 @@ impl Endpoints<'_> {
         posting
     }
 
-    fn post_wallet_lines(&self, body: Vec<u8>) {
+    /// Posts wallet lines to the simulator; how long the request took.
+    fn post_wallet_lines(&self, body: Vec<u8>) -> Duration {
         let request = self.client.post(format!("{}/sim/v1/events", self.wallet_sim));
-        expect_accepted(request, body, "wallet events");
+        expect_accepted(request, body, "wallet events")
     }
 
-    fn post_events(&self, body: Vec<u8>) {
+    /// Posts events to the service; how long the request took.
+    fn post_events(&self, body: Vec<u8>) -> Duration {
         let request = self.client.post(format!("{}/v1/events", self.serve)).bearer_auth(ADMIN_KEY);
-        expect_accepted(request, body, "events");
+        expect_accepted(request, body, "events")
     }
 }
 
-/// Sends a JSON body and fails the benchmark on any answer but a success.
-fn expect_accepted(request: reqwest::blocking::RequestBuilder, body: Vec<u8>, what: &str) {
+/// Sends a JSON body, fails the benchmark on any answer but a success, and returns how long the request
+/// took (sending to the answer read).
+fn expect_accepted(request: reqwest::blocking::RequestBuilder, body: Vec<u8>, what: &str) -> Duration {
+    let request_started = Instant::now();
     let response = request.header("content-type", "application/json").body(body).send().expect(what);
     assert!(response.status().is_success(), "{what}: {}", response.text().unwrap_or_default());
+    request_started.elapsed()
 }
 
 /// A chunk's request body: its inputs as a JSON array, None for an empty chunk (no request).

@@ -696,7 +696,7 @@ fn run_pipelined(
                 in_flight += 1;
             } else if !wait {
                 // Nothing to apply and nothing committing: wait for a commit (of any thread) to ring.
-                if inner.config.clock == ClockMode::Event {
+                if inner.ticks_early() {
                     inner.ticker_bell.ring();
                 }
                 doorbell.wait(Duration::from_millis(IDLE_WAIT_MS));
@@ -840,7 +840,7 @@ fn run_ticker(inner: &Inner) {
     // The id of the last tick appended to each partition.
     let mut last_ticks: BTreeMap<(StageKind, u32), (u64, u32)> = BTreeMap::new();
     let period = Duration::from_millis(inner.config.tick_interval_ms);
-    let ticks_early = inner.config.clock == ClockMode::Event && inner.assigned.is_none();
+    let ticks_early = inner.ticks_early();
     let mut next_period = std::time::Instant::now() + period;
     let mut last_early_ms: Option<i64> = None;
     while !inner.stopping.load(Ordering::SeqCst) {
@@ -852,8 +852,9 @@ fn run_ticker(inner: &Inner) {
             break;
         }
         let now_ms = ticker_now_ms(inner);
-        if std::time::Instant::now() >= next_period {
-            next_period = std::time::Instant::now() + period;
+        let woken = std::time::Instant::now();
+        if woken >= next_period {
+            next_period = woken + period;
         } else if ticks_early && last_early_ms < Some(now_ms) && drained(inner) {
             last_early_ms = Some(now_ms);
         } else {
@@ -985,6 +986,12 @@ pub fn system_now() -> Timestamp {
 }
 
 impl Inner {
+    /// Whether the ticker also ticks as soon as the pipeline has drained ([`run_ticker`]): on the event
+    /// clock, when this instance owns every partition. Only then do the processing threads ring it.
+    fn ticks_early(&self) -> bool {
+        self.config.clock == ClockMode::Event && self.assigned.is_none()
+    }
+
     /// Whether this instance processes `log` (always, unless instances share the partitions).
     fn is_assigned(&self, log: &str) -> bool {
         self.assigned.as_ref().is_none_or(|assigned| read_lock(assigned).contains(log))
