@@ -56,8 +56,10 @@ fn start_wallet_sim() -> Process {
     start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"])
 }
 
+/// With a little memory faulted in at start (`--memory-prefault-mib`), so that the end-to-end tests run
+/// the service as the serve benchmark does.
 fn start_serve(data_dir: &Path, provider: &str) -> Process {
-    start_serve_with(data_dir, &["--statement-provider", provider])
+    start_serve_with(data_dir, &["--statement-provider", provider, "--memory-prefault-mib", "16"])
 }
 
 /// `paisa serve` on the event clock with extra arguments (`--config`, `--statement-provider`, …).

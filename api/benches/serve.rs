@@ -19,6 +19,7 @@
 //! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
 //! `BENCH_CLIENT=reqwest` reads orders and posts one event per request with reqwest's blocking client,
 //! as the rounds before the twenty-ninth did (default `ureq`, see [`SmallRequests`]);
+//! `BENCH_PREFAULT_MIB=N` starts `paisa serve` with `--memory-prefault-mib N` (see [`PREFAULT_MIB`]);
 //! `BENCH_BULK_INPUTS=N` posts chunks of `N` inputs instead of 1,000 (see [`BULK_INPUTS`]);
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
 //! (`inputs.jsonl`, for `paisa replay`) there.
@@ -54,6 +55,11 @@ const ADMIN_KEY: &str = "bench-admin-key";
 /// Since the forty-first round 2,000 measures faster (fewer commit waits), but the service then runs
 /// further ahead of replay (`docs/PERFORMANCE.md`), so the default stays.
 const BULK_INPUTS: usize = 1_000;
+/// MiB of memory `paisa serve` faults in at start unless `BENCH_PREFAULT_MIB` says otherwise: more than
+/// the service grows by in the timed phase (≈ 250 MB resident on 2,000 × 5), so the phase measures a
+/// service whose memory is mapped, as a long-running one's is, instead of one paying a first-touch
+/// fault per page (`docs/DECISIONS.md`, "A service can fault its memory in at start").
+const PREFAULT_MIB: usize = 768;
 /// The throughput target: with [`CORES`], the CPU budget per event printed ([`cpu_per_event`]).
 const TARGET_EVENTS_PER_SECOND: f64 = 100_000.0;
 /// The cores the target is set for (the 2), not those of the machine the benchmark runs on.
@@ -389,6 +395,8 @@ fn main() {
     let (first, rest) = timed.split_at(split);
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     println!("paisa binary: {}", paisa_binary());
+    let prefault_mib = env_usize("BENCH_PREFAULT_MIB", PREFAULT_MIB).to_string();
+    println!("serve's memory faulted in at start (--memory-prefault-mib): {prefault_mib} MiB");
     let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"]);
     let serve_args = [
         "serve",
@@ -407,6 +415,10 @@ fn main() {
     serve_args.extend(["--partitions", &partitions]);
     if let Some(path) = settings.as_deref() {
         serve_args.extend(["--config", path]);
+    }
+    if prefault_mib != "0" {
+        // Only when asked for, so that binaries from before the flag still run with `BENCH_PREFAULT_MIB=0`.
+        serve_args.extend(["--memory-prefault-mib", &prefault_mib]);
     }
     let serve = start(&serve_args);
     let client = http_client();
