@@ -57,7 +57,7 @@ fn start_wallet_sim() -> Process {
 }
 
 /// With a little memory faulted in at start (`--memory-prefault-mib`), so that the end-to-end tests run
-/// the service as the serve benchmark does.
+/// the service with the flag the serve benchmark passes.
 fn start_serve(data_dir: &Path, provider: &str) -> Process {
     start_serve_with(data_dir, &["--statement-provider", provider, "--memory-prefault-mib", "16"])
 }

@@ -395,8 +395,9 @@ fn main() {
     let (first, rest) = timed.split_at(split);
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     println!("paisa binary: {}", paisa_binary());
-    let prefault_mib = env_usize("BENCH_PREFAULT_MIB", PREFAULT_MIB).to_string();
+    let prefault_mib = env_usize("BENCH_PREFAULT_MIB", PREFAULT_MIB);
     println!("serve's memory faulted in at start (--memory-prefault-mib): {prefault_mib} MiB");
+    let prefault_argument = prefault_mib.to_string();
     let wallet_sim = start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"]);
     let serve_args = [
         "serve",
@@ -416,9 +417,9 @@ fn main() {
     if let Some(path) = settings.as_deref() {
         serve_args.extend(["--config", path]);
     }
-    if prefault_mib != "0" {
+    if prefault_mib > 0 {
         // Only when asked for, so that binaries from before the flag still run with `BENCH_PREFAULT_MIB=0`.
-        serve_args.extend(["--memory-prefault-mib", &prefault_mib]);
+        serve_args.extend(["--memory-prefault-mib", &prefault_argument]);
     }
     let serve = start(&serve_args);
     let client = http_client();

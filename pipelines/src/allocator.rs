@@ -65,12 +65,14 @@ const PREFAULT_STRIDE_BYTES: usize = 4096;
 /// whatever size is asked for, every block's pages stay in an arena when freed, for the next
 /// allocations to reuse. At 768 MiB, one block and 16 MiB blocks measured alike.
 const PREFAULT_BLOCK_BYTES: usize = 16 << 20;
+const _: () = assert!(PREFAULT_BLOCK_BYTES.is_multiple_of(PREFAULT_STRIDE_BYTES), "blocks are whole pages");
 
 /// Faults in `bytes` of memory through the allocator and frees it again, so that what the process
 /// allocates next reuses pages the kernel has already mapped and zeroed (memory the allocator once
 /// mapped stays mapped after [`configure`]; with `MIMALLOC_PURGE_DELAY` set, it may be returned and
-/// this buys nothing). Returns how many pages it touched. Call at start-up, before other threads exist,
-/// with a size the machine can spare: the memory stays resident for the process's life.
+/// this buys nothing). Returns how many pages it touched. Call at start-up, before the service allocates
+/// what it should grow into, with a size the machine can spare: the memory stays resident for the
+/// process's life.
 ///
 /// Why: a service's state and buffers grow into fresh pages while it warms up, and every first touch
 /// of a page is a page fault, zeroing, and on a virtual machine a fault in the host as well. Measured
@@ -92,7 +94,8 @@ pub fn prefault(bytes: usize) -> usize {
         // Kept until every block is touched, so that no block reuses an earlier one's pages.
         blocks.push(block);
     }
-    assert_eq!(blocks.len(), blocks_count);
+    // Every block but the last is a whole number of pages, so the blocks touched every page of `bytes`.
+    assert_eq!(pages_touched, bytes.div_ceil(PREFAULT_STRIDE_BYTES));
     pages_touched
 }
 
