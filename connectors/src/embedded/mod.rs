@@ -855,7 +855,7 @@ fn run_ticker(inner: &Inner) {
         let woken = std::time::Instant::now();
         if woken >= next_period {
             next_period = woken + period;
-        } else if ticks_early && last_early_ms < Some(now_ms) && drained(inner) {
+        } else if ticks_early && last_early_ms < Some(now_ms) && reads::drained(inner) {
             last_early_ms = Some(now_ms);
         } else {
             continue; // woken early with records still to apply, or this time already ticked early
@@ -864,13 +864,6 @@ fn run_ticker(inner: &Inner) {
             tracing::warn!(%error, "tick not appended");
         }
     }
-}
-
-/// Whether every stage log and the statement connector's backlog are consumed and committed, and no
-/// agent partition holds records for an answer (the lag report's figures by log, all 0): nothing more
-/// happens before the next input but the timers a tick fires.
-fn drained(inner: &Inner) -> bool {
-    reads::lag_report(inner).logs.values().all(|records| *records == 0)
 }
 
 /// The time the ticker ticks at: the wall clock, or (event clock) the largest `at` ingested.

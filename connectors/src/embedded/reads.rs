@@ -331,13 +331,8 @@ fn outputs(inner: &Inner) -> Vec<Value> {
 /// flight, plus the partitions with a timer due that the ticker has yet to tick and the keys not yet
 /// in the read model. A total of 0 means nothing more happens without new input.
 pub(super) fn lag_report(inner: &Inner) -> LagReport {
-    let stage_logs: Vec<(String, &RwLock<StagePartition>)> =
-        inner.partitions.iter().map(|(&(kind, index), partition)| (stage_log(kind, index), &**partition)).collect();
-    // A stage log's consumer is named after its log.
-    let mut pairs: Vec<(&str, &str)> = stage_logs.iter().map(|(log, _)| (log.as_str(), log.as_str())).collect();
-    if inner.connector_attached.load(std::sync::atomic::Ordering::SeqCst) {
-        pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
-    }
+    let stage_logs = stage_logs(inner);
+    let pairs = consumed_pairs(inner, &stage_logs);
     // An unreadable store is not quiescent: every log's figure is unknown.
     let backlog = inner.store.backlog(&pairs).unwrap_or_else(|_| vec![u64::MAX; pairs.len()]);
     debug_assert_eq!(backlog.len(), pairs.len(), "a figure per log");
@@ -353,9 +348,7 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
     // Records an agent partition holds for an answer in flight are consumed but not applied yet (when
     // another instance's connector answers, this instance's backlog does not show that answer).
     for (index, (log, partition)) in stage_logs.iter().enumerate() {
-        let (held, first_held_at) = read_lock(partition)
-            .answer_barrier()
-            .map_or((0, None), |barrier| (barrier.held() as u64, barrier.first_held_at()));
+        let (held, first_held_at) = held_for_answers(partition);
         if let Some(records) = report.logs.get_mut(log) {
             *records = records.saturating_add(held);
         }
@@ -369,6 +362,43 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
         report.lag_ms = pairs.iter().map(|(log, _)| log.to_string()).zip(lags).collect();
     }
     report
+}
+
+/// Whether the lag report's figures by log would all be 0: every stage log and the statement
+/// connector's backlog consumed and committed, and no agent partition holding records for an answer.
+/// Nothing more happens then before the next input but the timers a tick fires. The ticker asks this
+/// whenever a processing thread runs out of records, so it reads only those figures, not the rest of
+/// the report (the first waiting records, the timers due, the read model's backlog).
+pub(super) fn drained(inner: &Inner) -> bool {
+    let stage_logs = stage_logs(inner);
+    let pairs = consumed_pairs(inner, &stage_logs);
+    let consumed = inner.store.backlog(&pairs).is_ok_and(|backlog| backlog.iter().all(|records| *records == 0));
+    consumed && stage_logs.iter().all(|(_, partition)| held_for_answers(partition).0 == 0)
+}
+
+/// Every stage log with its partition, in `inner.partitions`' order.
+fn stage_logs(inner: &Inner) -> Vec<(String, &RwLock<StagePartition>)> {
+    inner.partitions.iter().map(|(&(kind, index), partition)| (stage_log(kind, index), &**partition)).collect()
+}
+
+/// The (log, consumer) pairs whose backlogs are the pipeline's lag: the stage logs', in `stage_logs`'
+/// order (a stage log's consumer is named after its log), then the statement connector's on the
+/// outputs log when one is attached.
+fn consumed_pairs<'logs>(
+    inner: &Inner,
+    stage_logs: &'logs [(String, &RwLock<StagePartition>)],
+) -> Vec<(&'logs str, &'logs str)> {
+    let mut pairs: Vec<(&str, &str)> = stage_logs.iter().map(|(log, _)| (log.as_str(), log.as_str())).collect();
+    if inner.connector_attached.load(std::sync::atomic::Ordering::SeqCst) {
+        pairs.push((OUTPUTS_LOG, CONNECTOR_CONSUMER));
+    }
+    pairs
+}
+
+/// The records an agent partition holds for an answer in flight (consumed but not applied yet), and
+/// the event time of the first; none for other partitions.
+fn held_for_answers(partition: &RwLock<StagePartition>) -> (u64, Option<Timestamp>) {
+    read_lock(partition).answer_barrier().map_or((0, None), |barrier| (barrier.held() as u64, barrier.first_held_at()))
 }
 
 /// The event time of the first record waiting in each pair's log, where the store reads them (None:
