@@ -368,12 +368,15 @@ pub(super) fn lag_report(inner: &Inner) -> LagReport {
 /// connector's backlog consumed and committed, and no agent partition holding records for an answer.
 /// Nothing more happens then before the next input but the timers a tick fires. The ticker asks this
 /// whenever a processing thread runs out of records, so it reads only those figures, not the rest of
-/// the report (the first waiting records, the timers due, the read model's backlog).
+/// the report (the first waiting records, the timers due, the read model's backlog), and the records
+/// held in memory first: while a crawl is in flight they answer without a read of the store.
 pub(super) fn drained(inner: &Inner) -> bool {
     let stage_logs = stage_logs(inner);
+    if stage_logs.iter().any(|(_, partition)| held_for_answers(partition).0 > 0) {
+        return false;
+    }
     let pairs = consumed_pairs(inner, &stage_logs);
-    let consumed = inner.store.backlog(&pairs).is_ok_and(|backlog| backlog.iter().all(|records| *records == 0));
-    consumed && stage_logs.iter().all(|(_, partition)| held_for_answers(partition).0 == 0)
+    inner.store.backlog(&pairs).is_ok_and(|backlog| backlog.iter().all(|records| *records == 0))
 }
 
 /// Every stage log with its partition, in `inner.partitions`' order.
