@@ -1304,13 +1304,16 @@ mod tests {
     fn log_leaves_are_filled() {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let store = RedbStore::open(directory.path()).expect("the store opens");
-        let mut appended = 0;
+        let mut appended = Vec::new();
         for commit in 0..60_usize {
             let mut batch = WriteBatch::default();
             for number in 0..(20 + commit * 7 % 90) {
                 let size = [180, 420, 950, 2_600, 310][(commit + number) % 5];
-                batch.appends.push(("agent-0".to_string(), vec![b'x'; size]));
-                appended += 1;
+                // Each record names its offset, so the read below checks order, not only count.
+                let mut bytes = format!("{}:", appended.len()).into_bytes();
+                bytes.resize(size, b'x');
+                batch.appends.push(("agent-0".to_string(), bytes.clone()));
+                appended.push(bytes);
             }
             store.commit(batch).expect("committed");
         }
@@ -1324,7 +1327,9 @@ mod tests {
             stats.fragmented_bytes(),
             stats.stored_bytes()
         );
-        assert_eq!(store.read("agent-0", 0, usize::MAX).expect("read").len(), appended);
+        let read: Vec<Vec<u8>> =
+            store.read("agent-0", 0, usize::MAX).expect("read").into_iter().map(|(_, bytes)| bytes).collect();
+        assert!(read == appended, "{} records read of {}", read.len(), appended.len());
     }
 
     #[test]
