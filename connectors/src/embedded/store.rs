@@ -659,10 +659,14 @@ impl OpenLog<'_, '_> {
     /// Writes the pending records as segments that fill their pages ([`segment_bytes_for`]).
     fn close_segments(&mut self) -> Result<(), RuntimeError> {
         let all = std::mem::take(&mut self.segment_records);
+        // What the records not yet written would take as one segment: kept while appending, then
+        // lowered by each segment written (its records; the tag stays counted once).
+        let mut pending_bytes = self.segment_bytes;
+        debug_assert_eq!(pending_bytes, if all.is_empty() { 0 } else { segment_length(&all) });
         let mut start = 0;
         while start < all.len() {
             let pending = all.get(start..).unwrap_or_default();
-            let capacity = segment_bytes_for(segment_length(pending));
+            let capacity = segment_bytes_for(pending_bytes);
             // At least one record, however large; then as many as fit.
             let mut length = segment_length(pending.get(..1).unwrap_or_default());
             let mut count = 1;
@@ -676,7 +680,9 @@ impl OpenLog<'_, '_> {
             let records = pending.get(..count).unwrap_or_default();
             self.write_segment_at(self.segment_first + start as u64, records, length)?;
             start += count;
+            pending_bytes -= length - 1;
         }
+        debug_assert!(all.is_empty() || pending_bytes == 1, "only the tag is left counted");
         // The emptied vector is kept for its capacity.
         self.segment_records = all;
         self.segment_records.clear();
