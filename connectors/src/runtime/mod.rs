@@ -898,8 +898,8 @@ pub fn encode<T: serde::Serialize>(record: &T) -> Result<Vec<u8>, RuntimeError> 
 }
 
 /// The buffer a record is encoded into from the start. Stage messages and outputs take 110–350 bytes
-/// of JSON in the serve benchmark's logs; `serde_json::to_vec` starts at 128 and doubled most of them
-/// twice on the way (the copies and reallocations ≈ 2 % of the service's CPU samples, `perf`).
+/// of JSON in the serve benchmark's logs; `serde_json::to_vec` starts at 128 bytes and grew each of them
+/// once or twice on the way (the copies and reallocations ≈ 2 % of the service's CPU samples, `perf`).
 const RECORD_BYTES_TYPICAL: usize = 512;
 
 /// A dead letter: where the record was, why it could not be processed, and its bytes (hex).
