@@ -742,13 +742,8 @@ pub fn commit_applied<S: Store + ?Sized>(
 /// The logs a batch appends to (whose consumers have work once it is committed).
 pub fn appended_logs(batch: &WriteBatch) -> std::collections::BTreeSet<String> {
     // A batch holds thousands of appends to a handful of logs: each name is copied once, not per append.
-    let mut logs = std::collections::BTreeSet::new();
-    for (log, _) in &batch.appends {
-        if !logs.contains(log.as_str()) {
-            logs.insert(log.clone());
-        }
-    }
-    logs
+    let names: std::collections::BTreeSet<&str> = batch.appends.iter().map(|(log, _)| log.as_str()).collect();
+    names.into_iter().map(str::to_string).collect()
 }
 
 /// A batch on its way from the thread that made it to the one that waits for its commit. Where the
