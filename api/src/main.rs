@@ -9,6 +9,7 @@ static ALLOCATOR: pipelines::allocator::Allocator = pipelines::allocator::Alloca
 
 mod demo;
 mod http;
+mod memory;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -134,13 +135,13 @@ fn main() -> ExitCode {
         },
         Commands::Serve(options) => {
             install_tracing();
-            disable_transparent_huge_pages();
+            memory::disable_transparent_huge_pages();
             prefault_memory(options.memory_prefault_mib);
             exit_on_error("paisa serve", run_async(serve(options)))
         }
         Commands::WalletSim { listen, clock } => {
             install_tracing();
-            disable_transparent_huge_pages();
+            memory::disable_transparent_huge_pages();
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
         Commands::Reprocess {
@@ -300,39 +301,23 @@ fn run_async<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) ->
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?.block_on(future)
 }
 
-/// mimalloc's variable that, when set, decides transparent huge pages instead of the services' default.
-const ALLOW_HUGE_PAGES_VARIABLE: &str = "MIMALLOC_ALLOW_THP";
-
-/// A long-running service (`serve`, `wallet-sim`) runs without transparent huge pages, unless
-/// `MIMALLOC_ALLOW_THP` says otherwise (mimalloc then decides as it reads it).
-///
-/// Why: mimalloc asks the kernel for huge pages on its arenas, so the first touch of any byte of a
-/// 2 MiB range faults in and zeroes all of it. A service's heap is many threads' small pages spread over
-/// those ranges, so it touches more memory than it uses: in the serve benchmark, 347 MB resident
-/// against 240 MB with 4 KiB pages, and in a slow run zeroing fresh huge pages took ≈ 15 % of the
-/// service's CPU (`docs/DECISIONS.md`, "Services run without transparent huge pages"). `paisa replay`
-/// keeps them: one thread reading a gigabyte of state at random, where they spare TLB misses.
-///
-/// `prctl(PR_SET_THP_DISABLE)` rather than mimalloc's option: mimalloc maps its first arena before
-/// `main`, and the process-wide flag covers every mapping, earlier ones included.
-fn disable_transparent_huge_pages() {
-    if std::env::var_os(ALLOW_HUGE_PAGES_VARIABLE).is_some() {
+/// Faults in the first `mib` MiB of the allocator's arena before the service starts
+/// (`--memory-prefault-mib`), and logs what it did; a failure is logged and the service starts anyway.
+fn prefault_memory(mib: u16) {
+    if mib == 0 {
         return;
     }
-    // SAFETY: integer arguments only; the call changes this process's memory policy, nothing in it.
-    let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if result != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "could not turn transparent huge pages off");
-    }
-}
-
-/// Faults in `mib` MiB through the allocator before the service starts (`--memory-prefault-mib`), and
-/// logs how long it took.
-fn prefault_memory(mib: u16) {
     let started = std::time::Instant::now();
-    let pages = pipelines::allocator::prefault(usize::from(mib) << 20);
-    if pages > 0 {
-        tracing::info!(mib, pages, elapsed_ms = started.elapsed().as_millis() as u64, "memory faulted in");
+    match memory::fault_in_arena(usize::from(mib) << 20) {
+        Ok(faulted_in) => tracing::info!(
+            mib,
+            arena_start = %format_args!("{:#x}", faulted_in.start),
+            faulted_in_mib = faulted_in.bytes >> 20,
+            arena_mib = faulted_in.arena_bytes >> 20,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "memory faulted in"
+        ),
+        Err(error) => tracing::warn!(mib, %error, "memory not faulted in; pages fault in as first touched"),
     }
 }
 
@@ -416,10 +401,10 @@ struct ServeOptions {
     /// A JSON file of SPEC §8 settings (the keys of a `config` line).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// MiB of memory to fault in at start and hand back to the allocator, which keeps it mapped: the
-    /// service then grows into pages the kernel has already mapped and zeroed instead of faulting each
-    /// in on first use (worth it on virtual machines, where a first touch also faults in the host). The
-    /// memory stays resident. 0 (the default) faults nothing in.
+    /// MiB of the allocator's arena to fault in at start (at most the arena, 1 GiB): the service then
+    /// grows into pages the kernel has already mapped and zeroed instead of faulting each in on first
+    /// use (worth it on virtual machines, where a first touch also faults in the host). The memory
+    /// stays resident. 0 (the default) faults nothing in.
     #[arg(long, default_value_t = 0)]
     memory_prefault_mib: u16,
     /// Also runs an in-process wallet simulator and synthetic traffic (short waves: closes within

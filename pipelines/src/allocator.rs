@@ -57,48 +57,6 @@ pub fn set_purge_delay_ms(delay_ms: Option<u32>) {
     unsafe { libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, value) };
 }
 
-/// The page size the kernel faults memory in by when transparent huge pages are off (the services'
-/// setting); touching one byte per page faults the whole page in.
-const PREFAULT_STRIDE_BYTES: usize = 4096;
-/// [`prefault`] allocates in blocks of this size: well under the 2 GiB above which mimalloc maps an
-/// object from the OS on its own rather than from an arena (its `arena_max_object_size`), so that
-/// whatever size is asked for, every block's pages stay in an arena when freed, for the next
-/// allocations to reuse. At 768 MiB, one block and 16 MiB blocks measured alike.
-const PREFAULT_BLOCK_BYTES: usize = 16 << 20;
-const _: () = assert!(PREFAULT_BLOCK_BYTES.is_multiple_of(PREFAULT_STRIDE_BYTES), "blocks are whole pages");
-
-/// Faults in `bytes` of memory through the allocator and frees it again, so that what the process
-/// allocates next reuses pages the kernel has already mapped and zeroed (memory the allocator once
-/// mapped stays mapped after [`configure`]; with `MIMALLOC_PURGE_DELAY` set, it may be returned and
-/// this buys nothing). Returns how many pages it touched. Call at start-up, before the service allocates
-/// what it should grow into, with a size the machine can spare: the memory stays resident for the
-/// process's life.
-///
-/// Why: a service's state and buffers grow into fresh pages while it warms up, and every first touch
-/// of a page is a page fault, zeroing, and on a virtual machine a fault in the host as well. Measured
-/// in the serve benchmark (`docs/DECISIONS.md`, "A service can fault its memory in at start"). This is
-/// the JVM's `AlwaysPreTouch` and Seastar's up-front allocation, for the same reason.
-pub fn prefault(bytes: usize) -> usize {
-    let blocks_count = bytes.div_ceil(PREFAULT_BLOCK_BYTES);
-    let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(blocks_count);
-    let mut pages_touched = 0;
-    for block_index in 0..blocks_count {
-        let block_bytes = PREFAULT_BLOCK_BYTES.min(bytes - block_index * PREFAULT_BLOCK_BYTES);
-        let mut block: Vec<u8> = Vec::with_capacity(block_bytes);
-        for byte in block.spare_capacity_mut().iter_mut().take(block_bytes).step_by(PREFAULT_STRIDE_BYTES) {
-            byte.write(1);
-            pages_touched += 1;
-        }
-        // The writes must happen although nothing reads them.
-        std::hint::black_box(&mut block);
-        // Kept until every block is touched, so that no block reuses an earlier one's pages.
-        blocks.push(block);
-    }
-    // Every block but the last is a whole number of pages, so the blocks touched every page of `bytes`.
-    assert_eq!(pages_touched, bytes.div_ceil(PREFAULT_STRIDE_BYTES));
-    pages_touched
-}
-
 /// Every mimalloc block is aligned to at least a word: block sizes are multiples of it and pages start
 /// aligned (and `malloc` must return memory fit for any word-sized object).
 const PLAIN_ALIGNMENT_MAX: usize = std::mem::size_of::<usize>();
@@ -144,17 +102,6 @@ unsafe impl GlobalAlloc for Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefault_touches_one_byte_per_page_of_what_it_is_asked_for() {
-        assert_eq!(prefault(0), 0);
-        assert_eq!(prefault(1), 1);
-        assert_eq!(prefault(4096), 1);
-        assert_eq!(prefault(4097), 2);
-        assert_eq!(prefault(1 << 20), 256);
-        // Across blocks: every block's pages, the last block short.
-        assert_eq!(prefault(PREFAULT_BLOCK_BYTES * 2 + 4097), PREFAULT_BLOCK_BYTES * 2 / PREFAULT_STRIDE_BYTES + 2);
-    }
 
     /// Blocks of every size class up to 64 KiB and alignments from 1 to 4 KiB come back aligned, hold
     /// their bytes, and keep them through growth and shrinking.
