@@ -19,7 +19,8 @@
 //! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
 //! `BENCH_CLIENT=reqwest` reads orders and posts one event per request with reqwest's blocking client,
 //! as the rounds before the twenty-ninth did (default `ureq`, see [`SmallRequests`]);
-//! `BENCH_PREFAULT_MIB=N` starts `paisa serve` with `--memory-prefault-mib N` (see [`PREFAULT_MIB`]);
+//! `BENCH_PREFAULT_MIB=N` starts `paisa serve` with `--memory-prefault-mib N` (see [`PREFAULT_MIB`]),
+//! `BENCH_SIM_PREFAULT_MIB=N` `paisa wallet-sim` (see [`SIM_PREFAULT_MIB`]);
 //! `BENCH_BULK_INPUTS=N` posts chunks of `N` inputs instead of 1,000 (see [`BULK_INPUTS`]);
 //! `BENCH_SIM_THREADS=N` gives the simulator `N` async worker threads instead of 1 (see [`SIM_THREADS`]);
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
@@ -61,6 +62,11 @@ const BULK_INPUTS: usize = 1_000;
 /// service whose memory is mapped, as a long-running one's is, instead of one paying a first-touch
 /// fault per page (`docs/DECISIONS.md`, "A service can fault its memory in at start").
 const PREFAULT_MIB: usize = 768;
+/// MiB of memory `paisa wallet-sim` faults in at start unless `BENCH_SIM_PREFAULT_MIB` says otherwise:
+/// more than the simulator holds at the end (≈ 35 MB resident on 2,000 × 5). It stands for a provider
+/// on other machines, so the pages its statement lines grow into should not cost the shared 2 cores
+/// ≈ 5,000 first-touch faults in the phase (`docs/PERFORMANCE.md`, forty-seventh round).
+const SIM_PREFAULT_MIB: usize = 64;
 /// Async worker threads of the simulated provider unless `BENCH_SIM_THREADS` says otherwise (tokio
 /// reads `TOKIO_WORKER_THREADS`; by default it starts one per core). The simulator stands for a provider
 /// that runs on other machines; here it shares the service's 2 cores, and one worker answers its
@@ -406,12 +412,17 @@ fn main() {
     let prefault_mib = env_usize("BENCH_PREFAULT_MIB", PREFAULT_MIB);
     println!("serve's memory faulted in at start (--memory-prefault-mib): {prefault_mib} MiB");
     let prefault_argument = prefault_mib.to_string();
+    let sim_prefault_mib = env_usize("BENCH_SIM_PREFAULT_MIB", SIM_PREFAULT_MIB);
+    println!("the simulator's memory faulted in at start (--memory-prefault-mib): {sim_prefault_mib} MiB");
+    let sim_prefault_argument = sim_prefault_mib.to_string();
     let sim_threads = env_usize("BENCH_SIM_THREADS", SIM_THREADS).max(1).to_string();
     println!("the simulator's async worker threads (TOKIO_WORKER_THREADS): {sim_threads}");
-    let wallet_sim = start(
-        &["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"],
-        &[("TOKIO_WORKER_THREADS", sim_threads.as_str())],
-    );
+    let mut sim_args = vec!["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"];
+    if sim_prefault_mib > 0 {
+        // Only when asked for, so that binaries from before the flag still run with `BENCH_SIM_PREFAULT_MIB=0`.
+        sim_args.extend(["--memory-prefault-mib", &sim_prefault_argument]);
+    }
+    let wallet_sim = start(&sim_args, &[("TOKIO_WORKER_THREADS", sim_threads.as_str())]);
     let serve_args = [
         "serve",
         "--data-dir",

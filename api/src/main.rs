@@ -61,6 +61,10 @@ enum Commands {
         listen: SocketAddr,
         #[arg(long, value_enum, default_value = "system")]
         clock: Clock,
+        /// MiB of the allocator's arena to fault in at start, as `serve --memory-prefault-mib` does (the
+        /// simulator's statement lines then grow into pages already mapped). 0 (the default): none.
+        #[arg(long, default_value_t = 0)]
+        memory_prefault_mib: u16,
     },
     /// Rebuilds the read model from the Kafka topics into a fresh ScyllaDB keyspace and compares it with
     /// the live one (exit 0: equal; 1: differences, listed). Processes and commits nothing: it runs
@@ -139,9 +143,10 @@ fn main() -> ExitCode {
             prefault_memory(options.memory_prefault_mib);
             exit_on_error("paisa serve", run_async(serve(options)))
         }
-        Commands::WalletSim { listen, clock } => {
+        Commands::WalletSim { listen, clock, memory_prefault_mib } => {
             install_tracing();
             memory::disable_transparent_huge_pages();
+            prefault_memory(memory_prefault_mib);
             exit_on_error("paisa wallet-sim", run_async(wallet_sim(listen, clock)))
         }
         Commands::Reprocess {
@@ -301,7 +306,7 @@ fn run_async<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) ->
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?.block_on(future)
 }
 
-/// Faults in the first `mib` MiB of the allocator's arena before the service starts
+/// Faults in the first `mib` MiB of the allocator's arena before a service starts
 /// (`--memory-prefault-mib`), and logs what it did; a failure is logged and the service starts anyway.
 fn prefault_memory(mib: u16) {
     if mib == 0 {
