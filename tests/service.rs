@@ -52,8 +52,9 @@ fn start(args: &[&str]) -> Process {
     Process { child, base }
 }
 
+/// With a little memory faulted in at start, as the serve benchmark starts it (below).
 fn start_wallet_sim() -> Process {
-    start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"])
+    start(&["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event", "--memory-prefault-mib", "16"])
 }
 
 /// With a little memory faulted in at start (`--memory-prefault-mib`), so that the end-to-end tests run

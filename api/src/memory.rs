@@ -105,18 +105,16 @@ pub fn fault_in_arena(bytes: usize) -> Result<FaultedIn, PrefaultError> {
         .filter(|mapping| mapping.writable && mapping.anonymous)
         .ok_or(PrefaultError::NoArena { address })?;
     drop(probe);
-    assert!(arena.start < arena.end, "a mapping holds at least one page");
     let arena_bytes = arena.end - arena.start;
     let populated = bytes.min(arena_bytes);
     // SAFETY: the range lies inside one writable anonymous private mapping of this process (mimalloc's
-    // arena, which it never unmaps while it runs: no purging, `pipelines::allocator::configure`).
-    // MADV_POPULATE_WRITE only maps pages; it reads and writes no byte of them.
+    // arena, mapped for the process's life). MADV_POPULATE_WRITE only maps pages; it reads and writes
+    // no byte of them, so no allocation, made or to come, sees a change.
     let result = unsafe { libc::madvise(arena.start as *mut libc::c_void, populated, libc::MADV_POPULATE_WRITE) };
     if result != 0 {
         let error = std::io::Error::last_os_error();
         return Err(PrefaultError::Populate { start: arena.start, bytes: populated, error });
     }
-    assert!(populated <= arena_bytes && populated <= bytes);
     Ok(FaultedIn { start: arena.start, arena_bytes, bytes: populated })
 }
 
