@@ -271,6 +271,17 @@ fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {
     answer["lag"].as_u64().expect("a number")
 }
 
+/// `--memory-prefault-mib N` for `process`, N from `variable` (else `default_mib`), printed. None when N
+/// is 0, so that binaries from before the flag still run with the variable at 0.
+fn prefault_arguments(process: &str, variable: &str, default_mib: usize) -> Vec<String> {
+    let mib = env_usize(variable, default_mib);
+    println!("{process}'s memory faulted in at start (--memory-prefault-mib): {mib} MiB");
+    if mib == 0 {
+        return Vec::new();
+    }
+    vec!["--memory-prefault-mib".to_string(), mib.to_string()]
+}
+
 /// How often [`wait_quiescent`] asks the lag: the phase ends up to this long after the pipeline drained
 /// (half of it on average), so it is short beside the ≈ 0.5 s phase; each ask is a store read in the
 /// service, so not much shorter. Until the forty-seventh round 20 ms: ≈ 2 % of the phase on average.
@@ -414,19 +425,12 @@ fn main() {
     let (first, rest) = timed.split_at(split);
     let data_dir = tempfile::tempdir().expect("a temporary directory");
     println!("paisa binary: {}", paisa_binary());
-    let prefault_mib = env_usize("BENCH_PREFAULT_MIB", PREFAULT_MIB);
-    println!("serve's memory faulted in at start (--memory-prefault-mib): {prefault_mib} MiB");
-    let prefault_argument = prefault_mib.to_string();
-    let sim_prefault_mib = env_usize("BENCH_SIM_PREFAULT_MIB", SIM_PREFAULT_MIB);
-    println!("the simulator's memory faulted in at start (--memory-prefault-mib): {sim_prefault_mib} MiB");
-    let sim_prefault_argument = sim_prefault_mib.to_string();
+    let serve_prefault = prefault_arguments("serve", "BENCH_PREFAULT_MIB", PREFAULT_MIB);
+    let sim_prefault = prefault_arguments("the simulator", "BENCH_SIM_PREFAULT_MIB", SIM_PREFAULT_MIB);
     let sim_threads = env_usize("BENCH_SIM_THREADS", SIM_THREADS).max(1).to_string();
     println!("the simulator's async worker threads (TOKIO_WORKER_THREADS): {sim_threads}");
     let mut sim_args = vec!["wallet-sim", "--listen", "127.0.0.1:0", "--clock", "event"];
-    if sim_prefault_mib > 0 {
-        // Only when asked for, so that binaries from before the flag still run with `BENCH_SIM_PREFAULT_MIB=0`.
-        sim_args.extend(["--memory-prefault-mib", &sim_prefault_argument]);
-    }
+    sim_args.extend(sim_prefault.iter().map(String::as_str));
     let wallet_sim = start(&sim_args, &[("TOKIO_WORKER_THREADS", sim_threads.as_str())]);
     let serve_args = [
         "serve",
@@ -446,10 +450,7 @@ fn main() {
     if let Some(path) = settings.as_deref() {
         serve_args.extend(["--config", path]);
     }
-    if prefault_mib > 0 {
-        // Only when asked for, so that binaries from before the flag still run with `BENCH_PREFAULT_MIB=0`.
-        serve_args.extend(["--memory-prefault-mib", &prefault_argument]);
-    }
+    serve_args.extend(serve_prefault.iter().map(String::as_str));
     let serve = start(&serve_args, &[]);
     let client = http_client();
     if !warmup.is_empty() {

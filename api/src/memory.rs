@@ -72,6 +72,14 @@ fn mapping_holding(maps: &str, address: usize) -> Option<Mapping> {
     maps.lines().filter_map(parse_mapping).find(|mapping| mapping.start <= address && address < mapping.end)
 }
 
+/// The allocator's arena that holds `address` (a block it allocated): a writable anonymous mapping.
+fn arena_holding(address: usize) -> Result<Mapping, PrefaultError> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(PrefaultError::Maps)?;
+    mapping_holding(&maps, address)
+        .filter(|mapping| mapping.writable && mapping.anonymous)
+        .ok_or(PrefaultError::NoArena { address })
+}
+
 /// What [`fault_in_arena`] faulted in.
 #[derive(Debug)]
 pub struct FaultedIn {
@@ -99,11 +107,7 @@ pub struct FaultedIn {
 pub fn fault_in_arena(bytes: usize) -> Result<FaultedIn, PrefaultError> {
     // A small block, so that it comes from where the service's small allocations will.
     let probe = Box::new(0_u64);
-    let address = std::ptr::from_ref(probe.as_ref()) as usize;
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(PrefaultError::Maps)?;
-    let arena = mapping_holding(&maps, address)
-        .filter(|mapping| mapping.writable && mapping.anonymous)
-        .ok_or(PrefaultError::NoArena { address })?;
+    let arena = arena_holding(std::ptr::from_ref(probe.as_ref()) as usize)?;
     drop(probe);
     let arena_bytes = arena.end - arena.start;
     let populated = bytes.min(arena_bytes);
@@ -158,8 +162,7 @@ mod tests {
     #[test]
     fn the_arena_holding_the_heap_is_faulted_in_without_changing_what_it_holds() {
         let kept: Vec<u64> = (0..1024).collect();
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("this process's mappings");
-        let arena = mapping_holding(&maps, kept.as_ptr() as usize).expect("the arena holding the heap");
+        let arena = arena_holding(kept.as_ptr() as usize).expect("the arena holding the heap");
         // More than a test process has touched of its arena, so that the call has pages to fault in.
         let asked = (64 << 20_usize).min(arena.end - arena.start);
         assert!(!resident(arena.start, asked), "a fresh arena is not all resident yet");
