@@ -96,7 +96,7 @@ fn main() {
     println!("{agents} agents × {rounds} rounds: {} stage records, {bytes} bytes", records.len());
     let lines = vec![LINE; 28].join(",");
     let crawl = format!(
-        r#"{{"id":{{"source":"outputs","offset":5,"index":0}},"at":"2026-03-02T10:11:12Z","body":{{"kind":"message","message":{{"Agent":{{"user_id":"u1","body":{{"Input":{{"event_id":"crawl:r1","command":{{"type":"crawl_result","request_id":"r1","user_id":"u1","card_id":"c1","ok":true,"error":null,"lines":[{lines}],"next_from":null}}}}}}}}}}}}}}"#
+        r#"["outputs",5,0,1772446272000,{{"Agent":{{"user_id":"u1","body":{{"Input":{{"event_id":"crawl:r1","command":{{"type":"crawl_result","request_id":"r1","user_id":"u1","card_id":"c1","ok":true,"error":null,"lines":[{lines}],"next_from":null}}}}}}}}}}]"#
     );
     for _ in 0..3 {
         let (per_record, per_page) =

@@ -284,13 +284,42 @@ mod tests {
             );
             let record: StageRecord = serde_json::from_str(&text).expect("a message");
             let again = serde_json::to_string(&record).expect("serializes");
-            let expected = format!(
-                r#"{{"id":{{"source":"ingest","offset":1,"index":0}},"at":"2026-03-02T09:00:00Z","body":{{"kind":"message","message":{message}}}}}"#
-            );
-            assert_eq!(again, expected);
+            // Written again in the array form (see `StageRecord`), the time in milliseconds.
+            let at = crate::time::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time").millis();
+            assert_eq!(again, format!(r#"["ingest",1,0,{at},{message}]"#));
         }
         let error = serde_json::from_str::<RecordBody>(r#"{"kind":"nope"}"#).expect_err("refused").to_string();
         assert!(error.contains("unknown variant `nope`"), "{error}");
+    }
+
+    /// A stage record is written as `[source, offset, index, at, message]` (a tick without the message)
+    /// and reads back to itself; an array of any other length or shape is refused, naming why.
+    #[test]
+    fn a_stage_record_is_written_as_an_array_and_reads_back() {
+        let message = r#"{"Agent":{"user_id":"u1","body":{"Input":{"event_id":"e1","command":{"type":"card_reauthenticated","user_id":"u1","card_id":"c1"}}}}}"#;
+        let before_the_epoch = crate::time::Timestamp::from_millis(-1_500);
+        for (text, at) in [
+            (r#"["ticker",5,0,1772442000000]"#.to_string(), 1_772_442_000_000),
+            (format!(r#"["ingest",18446744073709551615,4294967295,-1500,{message}]"#), before_the_epoch.millis()),
+        ] {
+            let record: StageRecord = super::from_json_bytes(text.as_bytes()).expect("reads");
+            assert_eq!(record.at.millis(), at);
+            assert_eq!(serde_json::to_string(&record).expect("serializes"), text);
+        }
+        let tick: StageRecord = serde_json::from_str(r#"["ticker",5,0,7]"#).expect("a tick");
+        assert!(matches!(tick.body, RecordBody::Tick));
+        assert_eq!((tick.id.source.as_str(), tick.id.offset, tick.id.index), ("ticker", 5, 0));
+        for (text, expected) in [
+            (r#"["ticker",5,0]"#.to_string(), "invalid length 3"),
+            (r#"[]"#.to_string(), "invalid length 0"),
+            (format!(r#"["ingest",1,0,7,{message},1]"#), "invalid length 6"),
+            (r#"["ticker",5,0,"2026-03-02T09:00:00Z"]"#.to_string(), "invalid type: string"),
+            (r#"["ticker",-5,0,7]"#.to_string(), "invalid value: integer `-5`"),
+            (r#""ticker""#.to_string(), "a stage record"),
+        ] {
+            let error = serde_json::from_str::<StageRecord>(&text).expect_err("refused").to_string();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
     }
 
     /// Bytes read through `from_json_bytes` give what `from_slice` gives: the same commands, the same

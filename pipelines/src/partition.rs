@@ -163,12 +163,85 @@ pub struct RecordId {
 }
 
 /// One record of a stage partition's input log.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+///
+/// Encoded as a JSON array, `[source, offset, index, at, message]` (`at` in milliseconds since the
+/// epoch; a tick has no message), by [`StageRecord`]'s own `Serialize`. The envelope as an object
+/// (`{"id":{"source":…,"offset":…,"index":…},"at":"…","body":{"kind":"message","message":…}}`) took
+/// ≈ 110 of a typical record's ≈ 320 bytes, the array ≈ 30 (the serve benchmark's stage logs: a quarter
+/// fewer bytes to copy, write and sync), and its timestamp text was the one part that cost to write.
+/// Both forms are read (`Deserialize`): logs written before hold objects.
+#[derive(Clone, Debug)]
 pub struct StageRecord {
     pub id: RecordId,
     /// Event time: an input's `at`, or the time at which a stage produced the message.
     pub at: Timestamp,
     pub body: RecordBody,
+}
+
+impl Serialize for StageRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let message = match &self.body {
+            RecordBody::Message { message } => Some(message),
+            RecordBody::Tick => None,
+        };
+        let mut tuple = serializer.serialize_tuple(if message.is_some() { 5 } else { 4 })?;
+        tuple.serialize_element(self.id.source.as_str())?;
+        tuple.serialize_element(&self.id.offset)?;
+        tuple.serialize_element(&self.id.index)?;
+        tuple.serialize_element(&self.at.millis())?;
+        if let Some(message) = message {
+            tuple.serialize_element(message)?;
+        }
+        tuple.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for StageRecord {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StageRecordVisitor)
+    }
+}
+
+/// Reads a [`StageRecord`] in either form: the array written now, or the object written before.
+struct StageRecordVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StageRecordVisitor {
+    type Value = StageRecord;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a stage record: [source, offset, index, at, message?] or its object form")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut elements: A) -> Result<StageRecord, A::Error> {
+        use serde::de::Error;
+        let missing = |index: usize| A::Error::invalid_length(index, &self);
+        let source: Text = elements.next_element()?.ok_or_else(|| missing(0))?;
+        let offset: u64 = elements.next_element()?.ok_or_else(|| missing(1))?;
+        let index: u32 = elements.next_element()?.ok_or_else(|| missing(2))?;
+        let at_millis: i64 = elements.next_element()?.ok_or_else(|| missing(3))?;
+        let body = match elements.next_element::<Message>()? {
+            Some(message) => RecordBody::Message { message },
+            None => RecordBody::Tick,
+        };
+        if elements.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::invalid_length(6, &self));
+        }
+        Ok(StageRecord { id: RecordId { source, offset, index }, at: Timestamp::from_millis(at_millis), body })
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, fields: A) -> Result<StageRecord, A::Error> {
+        /// The object form, as `#[derive(Deserialize)]` read it before the array form.
+        #[derive(Deserialize)]
+        struct ObjectForm {
+            id: RecordId,
+            at: Timestamp,
+            body: RecordBody,
+        }
+        let ObjectForm { id, at, body } =
+            ObjectForm::deserialize(serde::de::value::MapAccessDeserializer::new(fields))?;
+        Ok(StageRecord { id, at, body })
+    }
 }
 
 /// Nearly every record is a message; boxing it to shrink the tick would cost an allocation each.
