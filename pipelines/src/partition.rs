@@ -178,6 +178,52 @@ pub struct StageRecord {
     pub body: RecordBody,
 }
 
+impl StageRecord {
+    /// The event time of a stage record's JSON, in either form, without reading its message (a lag
+    /// report asks it of the first record waiting in each log). None for bytes that are neither form.
+    pub fn event_time_of(bytes: &[u8]) -> Option<Timestamp> {
+        crate::decode::from_json_bytes::<RecordTime>(bytes).ok().map(|RecordTime(at)| at)
+    }
+}
+
+/// A stage record's time, the rest of the record skipped: its fourth element, or its `at` key.
+struct RecordTime(Timestamp);
+
+impl<'de> Deserialize<'de> for RecordTime {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(RecordTimeVisitor)
+    }
+}
+
+struct RecordTimeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RecordTimeVisitor {
+    type Value = RecordTime;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        StageRecordVisitor.expecting(formatter)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut elements: A) -> Result<RecordTime, A::Error> {
+        use serde::de::{Error, IgnoredAny};
+        for index in 0..3 {
+            elements.next_element::<IgnoredAny>()?.ok_or_else(|| A::Error::invalid_length(index, &self))?;
+        }
+        let at_millis: i64 = elements.next_element()?.ok_or_else(|| A::Error::invalid_length(3, &self))?;
+        while elements.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(RecordTime(Timestamp::from_millis(at_millis)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, fields: A) -> Result<RecordTime, A::Error> {
+        #[derive(Deserialize)]
+        struct Stamped {
+            at: Timestamp,
+        }
+        let Stamped { at } = Stamped::deserialize(serde::de::value::MapAccessDeserializer::new(fields))?;
+        Ok(RecordTime(at))
+    }
+}
+
 impl Serialize for StageRecord {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;

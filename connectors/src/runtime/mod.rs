@@ -65,9 +65,9 @@ pub struct LagReport {
     pub lag_ms: std::collections::BTreeMap<String, u64>,
 }
 
-/// The event time of a record as a log stores it: a stage record's `at`, or the `at` of the output an
-/// outputs-log record carries. None for bytes that are neither (a record the consumer will
-/// dead-letter).
+/// The event time of a record as a log stores it: a stage record's `at` (in either of its forms,
+/// [`pipelines::partition::StageRecord::event_time_of`]), or the `at` of the output an outputs-log
+/// record carries. None for bytes that are neither (a record the consumer will dead-letter).
 pub fn record_event_time(log: &str, bytes: &[u8]) -> Option<pipelines::time::Timestamp> {
     /// Only the time is read; serde skips the rest of the record.
     #[derive(serde::Deserialize)]
@@ -80,12 +80,8 @@ pub fn record_event_time(log: &str, bytes: &[u8]) -> Option<pipelines::time::Tim
     }
     if log == OUTPUTS_LOG {
         pipelines::decode::from_json_bytes::<StampedOutput>(bytes).ok().map(|record| record.output.at)
-    } else if bytes.first() == Some(&b'[') {
-        // A stage record's array form: its time is its fourth element, read with the rest (this is
-        // asked of the first waiting record of each log, not of every record).
-        pipelines::decode::from_json_bytes::<pipelines::partition::StageRecord>(bytes).ok().map(|record| record.at)
     } else {
-        pipelines::decode::from_json_bytes::<Stamped>(bytes).ok().map(|record| record.at)
+        pipelines::partition::StageRecord::event_time_of(bytes)
     }
 }
 
