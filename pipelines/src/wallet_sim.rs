@@ -30,12 +30,49 @@ struct SimLine {
     listed: StatementLine,
     /// The payee's IFSC, which only a detail answer shows.
     payee_ifsc: Option<Text>,
+    /// `listed` as JSON, written when this version of the line is made, by a provider that encodes its
+    /// lines ([`WalletSim::serving_http`]); None otherwise. Why: a line is shown by many pages (a check
+    /// asks the latest 50 lines), and encoding each page's lines again was ≈ 30 % of `paisa
+    /// wallet-sim`'s own code in the serve benchmark (a page of 30 lines took 6.8 µs, 2.1 µs from the
+    /// cached text). Shared, so that the copy of a card as it was ([`SimCard::as_of`]) copies no text.
+    listed_json: Option<std::sync::Arc<str>>,
 }
 
 impl SimLine {
-    fn new(mut line: StatementLine, added_at: Timestamp) -> SimLine {
+    fn new(mut line: StatementLine, added_at: Timestamp, encode: bool) -> SimLine {
         let payee_ifsc = line.payee_ifsc.take();
-        SimLine { added_at, listed: line, payee_ifsc }
+        let mut line = SimLine { added_at, listed: line, payee_ifsc, listed_json: None };
+        if encode {
+            line.encode();
+        }
+        line
+    }
+
+    /// Writes `listed_json` for the line as it is now. A line that cannot be encoded keeps none, and
+    /// [`SimLine::listed_json`] then reports the error when the line is shown.
+    fn encode(&mut self) {
+        self.listed_json = serde_json::to_string(&self.listed).ok().map(std::sync::Arc::from);
+    }
+
+    /// Sets the line's status and, where the provider encodes its lines, its JSON; returns the status
+    /// it had.
+    fn set_status(&mut self, status: LineStatus, encode: bool) -> LineStatus {
+        let previous = std::mem::replace(&mut self.listed.status, status);
+        if previous != status {
+            self.listed_json = None;
+            if encode {
+                self.encode();
+            }
+        }
+        previous
+    }
+
+    /// `listed` as JSON: the text written with this version of the line, or written now.
+    fn listed_json(&self) -> serde_json::Result<std::borrow::Cow<'_, str>> {
+        match &self.listed_json {
+            Some(json) => Ok(std::borrow::Cow::Borrowed(json)),
+            None => serde_json::to_string(&self.listed).map(std::borrow::Cow::Owned),
+        }
     }
 
     fn visible_at(&self, now: Timestamp) -> bool {
@@ -99,8 +136,9 @@ impl SimCard {
     }
 
     /// The card as it was at `now`: what changes stamped later overwrote, put back, latest first. None
-    /// when no kept change is later (the card then is the card now).
-    fn as_of(&self, now: Timestamp) -> Option<SimCard> {
+    /// when no kept change is later (the card then is the card now). `encode`: whether lines whose
+    /// status is put back get their JSON written again ([`SimLine::listed_json`]).
+    fn as_of(&self, now: Timestamp, encode: bool) -> Option<SimCard> {
         if self.latest_change_at.is_none_or(|latest| latest <= now) {
             return None;
         }
@@ -112,7 +150,7 @@ impl SimCard {
                 }
                 Change::Status { txn_id, previous, .. } => {
                     if let Some(line) = past.lines.find_mut(txn_id) {
-                        line.listed.status = *previous;
+                        line.set_status(*previous, encode);
                     }
                 }
                 Change::Fault { previous, .. } => past.fault = *previous,
@@ -136,6 +174,8 @@ pub struct WalletSim {
     cards: crate::keyed::KeyedMap<SimCard>,
     /// Whether each card keeps what its changes overwrote, for [`WalletSim::answer_as_of`].
     keeps_history: bool,
+    /// Whether each line's JSON is written with it, for [`WalletSim::body_as_of`].
+    encodes_lines: bool,
 }
 
 /// What the provider answers over HTTP (SPEC §10): a page, a detail, or an error.
@@ -156,10 +196,17 @@ impl WalletSim {
         WalletSim { keeps_history: true, ..WalletSim::default() }
     }
 
+    /// The provider of `paisa wallet-sim`: keeping its history ([`WalletSim::keeping_history`]) and
+    /// each line's JSON, written once per version of the line for every page that shows it
+    /// ([`WalletSim::body_as_of`]).
+    pub fn serving_http() -> WalletSim {
+        WalletSim { keeps_history: true, encodes_lines: true, ..WalletSim::default() }
+    }
+
     /// `wallet_line`: a new line, or a replacement of a known txn id.
     pub fn add_line(&mut self, card_id: &str, line: StatementLine, at: Timestamp) {
         let card = self.cards.get_or_insert_with(card_id, SimCard::default);
-        let replaced = card.lines.insert(SimLine::new(line, at));
+        let replaced = card.lines.insert(SimLine::new(line, at, self.encodes_lines));
         if let Some(previous) = replaced.filter(|_| self.keeps_history) {
             card.note(Change::Replaced { at, previous });
         }
@@ -181,7 +228,7 @@ impl WalletSim {
         let Some(line) = card.lines.find_mut(txn_id) else {
             return;
         };
-        let previous = std::mem::replace(&mut line.listed.status, status);
+        let previous = line.set_status(status, self.encodes_lines);
         if self.keeps_history && previous != status {
             card.note(Change::Status { at, txn_id: txn_id.into(), previous });
         }
@@ -202,10 +249,21 @@ impl WalletSim {
     /// first by the order they were made in; a change stamped before a later-undone one but made after
     /// it on the same line (events posted out of time order) is undone with it.
     pub fn answer_as_of(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
-        let Some(past) = self.cards.get(&request.card_id).and_then(|card| card.as_of(now)) else {
+        let Some(past) = self.cards.get(&request.card_id).and_then(|card| card.as_of(now, false)) else {
             return self.answer(request, now);
         };
         card_view(Some(&past), request, now).into()
+    }
+
+    /// [`WalletSim::answer_as_of`] as the body SPEC §10 answers it with over HTTP: a page
+    /// (`{"transactions":[…],"next_from":…}`) or a detail's line as JSON, or the error. Each line's
+    /// JSON is written once per version of the line where the provider encodes its lines
+    /// ([`WalletSim::serving_http`]), and copied into every page that shows it.
+    pub fn body_as_of(&self, request: &CrawlRequested, now: Timestamp) -> serde_json::Result<Body> {
+        match self.cards.get(&request.card_id).and_then(|card| card.as_of(now, self.encodes_lines)) {
+            Some(past) => body_of(card_lines(Some(&past), request, now, |line| line)),
+            None => body_of(card_lines(self.cards.get(&request.card_id), request, now, |line| line)),
+        }
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.
@@ -225,28 +283,82 @@ impl WalletSim {
     }
 }
 
+/// An answer as the body SPEC §10 gives it over HTTP ([`WalletSim::body_as_of`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// A page or a detail's line, as JSON.
+    Json(Vec<u8>),
+    Error(CrawlError),
+}
+
+/// An answer whose page lines are whatever `show` makes of the card's lines ([`card_lines`]).
+enum Shown<L> {
+    Page { lines: Vec<L>, next_from: Option<Timestamp> },
+    Detail(StatementLine),
+    Error(CrawlError),
+}
+
 /// The answer to `request` at time `now` from `card` (None: a card the provider does not know), its page
 /// lines borrowed from the card.
 fn card_view<'a>(card: Option<&'a SimCard>, request: &CrawlRequested, now: Timestamp) -> View<'a> {
+    match card_lines(card, request, now, |line| &line.listed) {
+        Shown::Page { lines, next_from } => View::Page { lines, next_from },
+        Shown::Detail(line) => View::Detail(line),
+        Shown::Error(error) => View::Error(error),
+    }
+}
+
+/// The page's body: the JSON a derived `Serialize` of `{ transactions, next_from }` writes, each line's
+/// text its cached JSON ([`SimLine::listed_json`]).
+fn body_of(shown: Shown<&SimLine>) -> serde_json::Result<Body> {
+    match shown {
+        Shown::Page { lines, next_from } => {
+            let texts = lines.iter().map(|line| line.listed_json()).collect::<serde_json::Result<Vec<_>>>()?;
+            let lines_bytes: usize = texts.iter().map(|text| text.len() + 1).sum();
+            let mut body = Vec::with_capacity(lines_bytes + 64);
+            body.extend_from_slice(br#"{"transactions":["#);
+            for (index, text) in texts.iter().enumerate() {
+                if index > 0 {
+                    body.push(b',');
+                }
+                body.extend_from_slice(text.as_bytes());
+            }
+            body.extend_from_slice(br#"],"next_from":"#);
+            serde_json::to_writer(&mut body, &next_from)?;
+            body.push(b'}');
+            Ok(Body::Json(body))
+        }
+        Shown::Detail(line) => Ok(Body::Json(serde_json::to_vec(&line)?)),
+        Shown::Error(error) => Ok(Body::Error(error)),
+    }
+}
+
+/// The answer to `request` at time `now` from `card`, each page line as `show` makes it of the card's line.
+fn card_lines<'a, L>(
+    card: Option<&'a SimCard>,
+    request: &CrawlRequested,
+    now: Timestamp,
+    show: impl Fn(&'a SimLine) -> L,
+) -> Shown<L> {
     match card.and_then(|card| card.fault) {
-        Some(Fault::SessionExpired) => return View::Error(CrawlError::SessionExpired),
-        Some(Fault::UpstreamBusy) => return View::Error(CrawlError::UpstreamBusy),
+        Some(Fault::SessionExpired) => return Shown::Error(CrawlError::SessionExpired),
+        Some(Fault::UpstreamBusy) => return Shown::Error(CrawlError::UpstreamBusy),
         Some(Fault::DetailUnavailable) if request.mode == CrawlMode::Detail => {
-            return View::Error(CrawlError::DetailUnavailable)
+            return Shown::Error(CrawlError::DetailUnavailable)
         }
         _ => {}
     }
     let Some(card) = card else {
         return match request.mode {
-            CrawlMode::Detail => View::Error(CrawlError::DetailUnavailable),
-            _ => View::Page { lines: Vec::new(), next_from: None },
+            CrawlMode::Detail => Shown::Error(CrawlError::DetailUnavailable),
+            _ => Shown::Page { lines: Vec::new(), next_from: None },
         };
     };
     if request.mode == CrawlMode::Detail {
         let txn_id = request.txn_id.as_deref().unwrap_or_default();
         return match card.lines.find(txn_id) {
-            Some(line) if line.visible_at(now) => View::Detail(line.full()),
-            _ => View::Error(CrawlError::DetailUnavailable),
+            Some(line) if line.visible_at(now) => Shown::Detail(line.full()),
+            _ => Shown::Error(CrawlError::DetailUnavailable),
         };
     }
     let limit = request.limit.unwrap_or(50) as usize;
@@ -255,17 +367,22 @@ fn card_view<'a>(card: Option<&'a SimCard>, request: &CrawlRequested, now: Times
     // Room for the whole page at once (at most the card's lines, which are capped): filtered, the lines'
     // count is unknown to `collect`, which allocated four and grew them four times for a page of 50
     // (≈ 1.3 % of the engine benchmark's instructions, callgrind).
-    let mut lines: Vec<&StatementLine> = Vec::with_capacity(limit.min(card.lines.len()));
+    let mut lines: Vec<L> = Vec::with_capacity(limit.min(card.lines.len()));
+    let mut last_time = None;
+    let mut shown = |line: &'a SimLine| {
+        last_time = Some(line.listed.time);
+        show(line)
+    };
     match request.order {
         Some(PageOrder::Asc) => {
             let from = request.from.unwrap_or_default();
             let start = card.lines.first_at_or_after(from);
-            lines.extend(card.lines.range_from(start).filter(visible).take(limit).map(|line| &line.listed));
+            lines.extend(card.lines.range_from(start).filter(visible).take(limit).map(&mut shown));
         }
-        _ => lines.extend(card.lines.iter().rev().filter(visible).take(limit).map(|line| &line.listed)),
+        _ => lines.extend(card.lines.iter().rev().filter(visible).take(limit).map(&mut shown)),
     }
-    let next_from = (lines.len() == limit).then(|| lines.last().map(|line| line.time)).flatten();
-    View::Page { lines, next_from }
+    let next_from = if lines.len() == limit { last_time } else { None };
+    Shown::Page { lines, next_from }
 }
 
 impl From<View<'_>> for Answer {
@@ -376,6 +493,41 @@ mod tests {
         ]
     }
 
+    /// The body `paisa wallet-sim` answered with before [`WalletSim::body_as_of`]: the answer encoded by
+    /// serde, a page as a derived `{ transactions, next_from }`.
+    fn body_of_answer(answer: Answer) -> Body {
+        #[derive(serde::Serialize)]
+        struct PageBody {
+            transactions: Vec<StatementLine>,
+            next_from: Option<Timestamp>,
+        }
+        match answer {
+            Answer::Page { lines, next_from } => {
+                Body::Json(serde_json::to_vec(&PageBody { transactions: lines, next_from }).expect("encodes"))
+            }
+            Answer::Detail(line) => Body::Json(serde_json::to_vec(&line).expect("encodes")),
+            Answer::Error(error) => Body::Error(error),
+        }
+    }
+
+    #[test]
+    fn a_lines_json_is_written_again_once_its_status_changes() {
+        let mut sim = WalletSim::serving_http();
+        sim.add_line("c0", line(1, 1, true), seconds(1));
+        let ask = request(0, 2, 0, 5, 1);
+        let shown = |sim: &WalletSim, now: i64| match sim.body_as_of(&ask, seconds(now)).expect("encodes") {
+            Body::Json(json) => String::from_utf8(json).expect("UTF-8"),
+            Body::Error(error) => panic!("a page, not {error:?}"),
+        };
+        assert!(shown(&sim, 5).contains(r#""status":"success""#), "{}", shown(&sim, 5));
+        sim.set_status("c0", "t1", LineStatus::Failed, seconds(6));
+        assert!(shown(&sim, 7).contains(r#""status":"failed""#), "{}", shown(&sim, 7));
+        // As of before the change, the line shows the status it had then, and now the one it has.
+        assert!(shown(&sim, 5).contains(r#""status":"success""#), "{}", shown(&sim, 5));
+        assert!(shown(&sim, 7).contains(r#""status":"failed""#), "{}", shown(&sim, 7));
+        assert!(!shown(&sim, 7).contains("IFSC0001"), "a page does not show the payee's IFSC");
+    }
+
     fn seconds(value: i64) -> Timestamp {
         Timestamp::from_millis(1_700_000_000_000 + value * 1000)
     }
@@ -418,6 +570,8 @@ mod tests {
         #[test]
         fn answers_as_an_ordered_map_would(operations in proptest::collection::vec(operation(), 1..80)) {
             let (mut sim, mut model) = (WalletSim::default(), Model::default());
+            // The same provider writing each line's JSON with it: its pages read the same.
+            let mut encoding = WalletSim { encodes_lines: true, ..WalletSim::default() };
             let mut clock = 0i64;
             for operation in operations {
                 clock += 1;
@@ -425,17 +579,22 @@ mod tests {
                     Operation::Add { card, txn, time, delay, ifsc } => {
                         let at = seconds(clock + delay);
                         sim.add_line(&format!("c{card}"), line(txn, time, ifsc), at);
+                        encoding.add_line(&format!("c{card}"), line(txn, time, ifsc), at);
                         model.add_line(card, line(txn, time, ifsc), at);
                     }
                     Operation::Status { card, txn, failed } => {
                         let status = if failed { LineStatus::Failed } else { LineStatus::Processing };
                         sim.set_status(&format!("c{card}"), &format!("t{txn}"), status, seconds(clock));
+                        encoding.set_status(&format!("c{card}"), &format!("t{txn}"), status, seconds(clock));
                         model.set_status(card, &format!("t{txn}"), status);
                     }
                     Operation::Ask { card, mode, from, limit, txn, lag } => {
                         let request = request(card, mode, from, limit, txn);
                         let now = seconds(clock + lag);
-                        prop_assert_eq!(sim.answer(&request, now), model.answer(card, &request, now));
+                        let expected = model.answer(card, &request, now);
+                        prop_assert_eq!(sim.body_as_of(&request, now).expect("encodes"), body_of_answer(expected.clone()));
+                        prop_assert_eq!(encoding.body_as_of(&request, now).expect("encodes"), body_of_answer(expected.clone()));
+                        prop_assert_eq!(sim.answer(&request, now), expected);
                     }
                 }
             }
@@ -487,7 +646,7 @@ mod tests {
             asks in proptest::collection::vec((0u8..3, 0u8..4, 0i64..30, 1u32..6, 0u8..6, -1i64..42), 1..20),
         ) {
             let at = |index: usize| seconds(index as i64);
-            let mut sim = WalletSim::keeping_history();
+            let mut sim = WalletSim::serving_http();
             for (index, event) in events.iter().enumerate() {
                 apply(&mut sim, event, at(index));
             }
@@ -498,7 +657,10 @@ mod tests {
                     apply(&mut then, event, at(index));
                 }
                 let request = request(card, mode, from, limit, txn);
-                prop_assert_eq!(sim.answer_as_of(&request, now), then.answer(&request, now), "as of {}", now);
+                let expected = then.answer(&request, now);
+                let body = sim.body_as_of(&request, now).expect("encodes");
+                prop_assert_eq!(body, body_of_answer(expected.clone()), "the body as of {}", now);
+                prop_assert_eq!(sim.answer_as_of(&request, now), expected, "as of {}", now);
             }
         }
     }

@@ -6,14 +6,14 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pipelines::input::{parse_input_object, CrawlError, ParseError, Provider, WalletFault, WalletLine};
 use pipelines::input::{Command, WalletLineStatus};
 use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
-use pipelines::wallet_sim::{Answer, WalletSim};
+use pipelines::wallet_sim::{Body, WalletSim};
 use pipelines::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -77,7 +77,7 @@ struct Wallets {
 
 impl Default for Wallets {
     fn default() -> Wallets {
-        Wallets { sim: WalletSim::keeping_history(), cards: HashSet::new() }
+        Wallets { sim: WalletSim::serving_http(), cards: HashSet::new() }
     }
 }
 
@@ -286,13 +286,6 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
     })
 }
 
-/// The statement page of SPEC §10.
-#[derive(Serialize)]
-struct PageBody<'a> {
-    transactions: &'a [pipelines::input::StatementLine],
-    next_from: Option<Timestamp>,
-}
-
 /// Validated list query (SPEC §10).
 #[derive(Default)]
 struct ListQuery {
@@ -376,11 +369,13 @@ async fn answer(state: &WalletSimState, request: CrawlRequested, as_of: Option<T
     // Before any event on an event clock nothing is visible: the earliest time shows nothing posted.
     let clock = state.now().unwrap_or(Timestamp::from_millis(i64::MIN));
     let now = as_of.map_or(clock, |as_of| as_of.min(clock));
-    let answer = lock(&state.inner.wallets).sim.answer_as_of(&request, now);
-    match answer {
-        Answer::Page { lines, next_from } => Json(PageBody { transactions: &lines, next_from }).into_response(),
-        Answer::Detail(line) => Json(line).into_response(),
-        Answer::Error(error) => ApiError::crawl(error).into_response(),
+    let body = lock(&state.inner.wallets).sim.body_as_of(&request, now);
+    match body {
+        Ok(Body::Json(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Ok(Body::Error(error)) => ApiError::crawl(error).into_response(),
+        Err(error) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "encoding_failed")
+            .message(format!("encoding the answer: {error}"))
+            .into_response(),
     }
 }
 
