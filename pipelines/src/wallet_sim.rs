@@ -161,9 +161,13 @@ impl SimCard {
 }
 
 /// An answer whose page lines are borrowed from the provider (see [`WalletSim::view`]).
+pub type View<'a> = Shown<&'a StatementLine>;
+
+/// An answer whose page lines are whatever the provider shows of its own lines: the lines as listed
+/// ([`View`]), or the provider's records of them, which carry their JSON ([`WalletSim::body_as_of`]).
 #[derive(Debug, PartialEq, Eq)]
-pub enum View<'a> {
-    Page { lines: Vec<&'a StatementLine>, next_from: Option<Timestamp> },
+pub enum Shown<L> {
+    Page { lines: Vec<L>, next_from: Option<Timestamp> },
     Detail(StatementLine),
     Error(CrawlError),
 }
@@ -291,21 +295,10 @@ pub enum Body {
     Error(CrawlError),
 }
 
-/// An answer whose page lines are whatever `show` makes of the card's lines ([`card_lines`]).
-enum Shown<L> {
-    Page { lines: Vec<L>, next_from: Option<Timestamp> },
-    Detail(StatementLine),
-    Error(CrawlError),
-}
-
 /// The answer to `request` at time `now` from `card` (None: a card the provider does not know), its page
 /// lines borrowed from the card.
 fn card_view<'a>(card: Option<&'a SimCard>, request: &CrawlRequested, now: Timestamp) -> View<'a> {
-    match card_lines(card, request, now, |line| &line.listed) {
-        Shown::Page { lines, next_from } => View::Page { lines, next_from },
-        Shown::Detail(line) => View::Detail(line),
-        Shown::Error(error) => View::Error(error),
-    }
+    card_lines(card, request, now, |line| &line.listed)
 }
 
 /// The page's body: the JSON a derived `Serialize` of `{ transactions, next_from }` writes, each line's
