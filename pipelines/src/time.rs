@@ -74,16 +74,27 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
-impl fmt::Display for Timestamp {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// A time's RFC 3339 text (`2026-03-02T09:30:00.123Z`), written into a buffer on the stack.
+struct TimestampText {
+    bytes: [u8; 24],
+    length: usize,
+}
+
+impl TimestampText {
+    fn as_str(&self) -> &str {
+        // Only ASCII digits and separators are written.
+        std::str::from_utf8(self.bytes.get(..self.length).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+impl Timestamp {
+    /// The text of a time in the years 0–9999 (None outside them: chrono writes those).
+    fn text(self) -> Option<TimestampText> {
         let millis = self.0.rem_euclid(1000);
         let seconds = self.0.div_euclid(1000);
         let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
         if !(0..=9999).contains(&year) {
-            return match DateTime::<Utc>::from_timestamp_millis(self.0) {
-                Some(time) => write!(formatter, "{}", time.to_rfc3339_opts(SecondsFormat::Millis, true)),
-                None => write!(formatter, "invalid-time({})", self.0),
-            };
+            return None;
         }
         let second_of_day = seconds.rem_euclid(86_400);
         let (hour, minute, second) = (second_of_day / 3600, second_of_day / 60 % 60, second_of_day % 60);
@@ -106,7 +117,7 @@ impl fmt::Display for Timestamp {
         digits(&mut text[14..16], minute);
         text[16] = b':';
         digits(&mut text[17..19], second);
-        let end = if millis == 0 {
+        let length = if millis == 0 {
             text[19] = b'Z';
             20
         } else {
@@ -115,13 +126,29 @@ impl fmt::Display for Timestamp {
             text[23] = b'Z';
             24
         };
-        formatter.write_str(std::str::from_utf8(&text[..end]).map_err(|_| fmt::Error)?)
+        Some(TimestampText { bytes: text, length })
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(text) = self.text() {
+            return formatter.write_str(text.as_str());
+        }
+        match DateTime::<Utc>::from_timestamp_millis(self.0) {
+            Some(time) => write!(formatter, "{}", time.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            None => write!(formatter, "invalid-time({})", self.0),
+        }
     }
 }
 
 impl Serialize for Timestamp {
+    /// A string written in one piece, not through `fmt` (times are on every record's path).
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        match self.text() {
+            Some(text) => serializer.serialize_str(text.as_str()),
+            None => serializer.collect_str(self),
+        }
     }
 }
 
@@ -145,7 +172,12 @@ mod tests {
             let time = DateTime::<Utc>::from_timestamp_millis(millis).unwrap();
             let format = if millis % 1000 == 0 { SecondsFormat::Secs } else { SecondsFormat::Millis };
             assert_eq!(ours, time.to_rfc3339_opts(format, true), "millis {millis}");
+            assert_eq!(serde_json::to_string(&Timestamp(millis)).unwrap(), format!("\"{ours}\""), "millis {millis}");
         }
+        // Past the year 9999 chrono writes the text, as a JSON string too.
+        let far = Timestamp(253_402_300_800_000);
+        assert_eq!(far.to_string(), "+10000-01-01T00:00:00.000Z");
+        assert_eq!(serde_json::to_string(&far).unwrap(), "\"+10000-01-01T00:00:00.000Z\"");
     }
 
     use proptest::prelude::*;

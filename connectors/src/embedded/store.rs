@@ -154,7 +154,7 @@ impl CommittedRecords {
         while kept.front().is_some_and(|first| first.offset < from) {
             bytes_released += kept.pop_front().map_or(0, |forgotten| forgotten.encoded_bytes);
         }
-        let mut taken = Vec::new();
+        let mut taken = Vec::with_capacity(kept.len().min(records_max));
         while taken.len() < records_max && kept.front().is_some_and(|first| first.offset == from + taken.len() as u64) {
             if let Some(KeptRecord { offset, record, encoded_bytes }) = kept.pop_front() {
                 bytes_released += encoded_bytes;
@@ -424,10 +424,11 @@ impl RedbStore {
         let index = self.ingestion_index();
         let mut prepared = PreparedIngestion {
             first_position: index.next_position,
+            // An input is one record, and most inputs are new: room for them all up front.
             outcomes: Vec::with_capacity(event_ids.len()),
-            records: Vec::new(),
-            stage_records: Vec::new(),
-            journal: Vec::new(),
+            records: Vec::with_capacity(event_ids.len()),
+            stage_records: Vec::with_capacity(event_ids.len()),
+            journal: Vec::with_capacity(event_ids.len()),
         };
         let mut new_positions: rustc_hash::FxHashMap<&str, u64> = Default::default();
         let mut new_owners: rustc_hash::FxHashMap<String, String> = Default::default();
