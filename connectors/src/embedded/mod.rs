@@ -952,22 +952,32 @@ fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
     use pipelines::input::Command;
     let shared = match command {
         Command::CollectionCreated(created) => {
-            vec![(format!("order:{}", created.order_id), created.merchant_id.to_string())]
+            vec![(ingestion_key("order", &created.order_id), created.merchant_id.to_string())]
         }
         Command::PayoutCreated(created) => {
-            vec![(format!("order:{}", created.order_id), created.merchant_id.to_string())]
+            vec![(ingestion_key("order", &created.order_id), created.merchant_id.to_string())]
         }
-        Command::UserRegistered(registered) => vec![(format!("user:{}", registered.user_id), String::new())],
+        Command::UserRegistered(registered) => vec![(ingestion_key("user", &registered.user_id), String::new())],
         Command::MerchantRegistered(registered) => {
-            vec![(format!("merchant:{}", registered.merchant_id), String::new())]
+            vec![(ingestion_key("merchant", &registered.merchant_id), String::new())]
         }
         _ => Vec::new(),
     };
     let exclusive = match command {
-        Command::CardBound(bound) => vec![(format!("card:{}", bound.card_id), bound.user_id.to_string())],
+        Command::CardBound(bound) => vec![(ingestion_key("card", &bound.card_id), bound.user_id.to_string())],
         _ => Vec::new(),
     };
     (shared, exclusive)
+}
+
+/// `kind:id`, the key ingestion records an owner under. Built without `format!`: every ingested input
+/// and every check of an order's merchant or a card's agent makes one.
+fn ingestion_key(kind: &str, id: &str) -> String {
+    let mut key = String::with_capacity(kind.len() + 1 + id.len());
+    key.push_str(kind);
+    key.push(':');
+    key.push_str(id);
+    key
 }
 
 /// The wall clock as event time (only the runtime reads it; the stages never do).
@@ -1007,7 +1017,7 @@ impl Inner {
 
     /// The owner ingestion recorded for `kind:id`.
     fn ingested_owner_in(&self, reader: Option<&dyn IngestionReader>, kind: &str, id: &str) -> Option<String> {
-        reader.and_then(|reader| reader.ingested_key(&format!("{kind}:{id}")).ok().flatten())
+        reader.and_then(|reader| reader.ingested_key(&ingestion_key(kind, id)).ok().flatten())
     }
 
     fn ingested_owner(&self, kind: &str, id: &str) -> Option<String> {
