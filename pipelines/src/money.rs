@@ -280,8 +280,8 @@ impl MoneyText {
 
 impl Money {
     /// Always two decimals (`"456.00"`), written from the last digit backwards with integer
-    /// arithmetic: this is on every output's path, and `write!` with its padded `{:02}` was ≈ twice
-    /// the cost (the serve benchmark's stage workers, `perf`).
+    /// arithmetic, not through `write!` and its padded `{:02}`: amounts are on every output's path, and
+    /// the formatting machinery showed in the serve benchmark's stage workers (`perf`).
     fn text(self) -> MoneyText {
         let paise = self.paise();
         let mut magnitude = paise.unsigned_abs();

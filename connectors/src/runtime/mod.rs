@@ -537,28 +537,10 @@ pub enum Submission {
     Done(Result<(), RuntimeError>),
 }
 
-/// The log a stage partition consumes.
-///
-/// Named for every message a round produces, so written without `format!` (≈ 0.6 % of the serve
-/// benchmark's CPU samples went to its formatting machinery, `perf`).
+/// The log a stage partition consumes. Named for every message a round produces, so built without
+/// `format!` (≈ 0.6 % of the serve benchmark's CPU samples went to its formatting machinery, `perf`).
 pub fn stage_log(kind: pipelines::partition::StageKind, partition: u32) -> String {
-    let (name, mut digits) = (kind.name(), [0u8; 10]);
-    let mut start = digits.len();
-    let mut rest = partition;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    let digits = digits.get(start..).unwrap_or_default();
-    let mut log = String::with_capacity(name.len() + 1 + digits.len());
-    log.push_str(name);
-    log.push('-');
-    log.extend(digits.iter().map(|digit| char::from(*digit)));
-    log
+    pipelines::numbered(kind.name(), '-', u64::from(partition)).into()
 }
 
 /// The log of every SPEC §6 output, in commit order (the outbox the connector and sinks consume).
