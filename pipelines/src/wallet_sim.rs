@@ -253,10 +253,9 @@ impl WalletSim {
     /// first by the order they were made in; a change stamped before a later-undone one but made after
     /// it on the same line (events posted out of time order) is undone with it.
     pub fn answer_as_of(&self, request: &CrawlRequested, now: Timestamp) -> Answer {
-        let Some(past) = self.cards.get(&request.card_id).and_then(|card| card.as_of(now, false)) else {
-            return self.answer(request, now);
-        };
-        card_view(Some(&past), request, now).into()
+        let card = self.cards.get(&request.card_id);
+        let past = card.and_then(|card| card.as_of(now, false));
+        card_view(past.as_ref().or(card), request, now).into()
     }
 
     /// [`WalletSim::answer_as_of`] as the body SPEC §10 answers it with over HTTP: a page
@@ -264,10 +263,9 @@ impl WalletSim {
     /// JSON is written once per version of the line where the provider encodes its lines
     /// ([`WalletSim::serving_http`]), and copied into every page that shows it.
     pub fn body_as_of(&self, request: &CrawlRequested, now: Timestamp) -> serde_json::Result<Body> {
-        match self.cards.get(&request.card_id).and_then(|card| card.as_of(now, self.encodes_lines)) {
-            Some(past) => body_of(card_lines(Some(&past), request, now, |line| line)),
-            None => body_of(card_lines(self.cards.get(&request.card_id), request, now, |line| line)),
-        }
+        let card = self.cards.get(&request.card_id);
+        let past = card.and_then(|card| card.as_of(now, self.encodes_lines));
+        body_of(card_lines(past.as_ref().or(card), request, now, |line| line))
     }
 
     /// The answer to `request` at time `now`, from lines whose `at` and `time` are not later than `now`.

@@ -970,14 +970,10 @@ fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
     (shared, exclusive)
 }
 
-/// `kind:id`, the key ingestion records an owner under. Built without `format!`: every ingested input
-/// and every check of an order's merchant or a card's agent makes one.
+/// `kind:id`, the key ingestion records an owner under. Built without `format!` (`pipelines::joined`):
+/// every ingested input and every check of an order's merchant or a card's agent makes one.
 fn ingestion_key(kind: &str, id: &str) -> String {
-    let mut key = String::with_capacity(kind.len() + 1 + id.len());
-    key.push_str(kind);
-    key.push(':');
-    key.push_str(id);
-    key
+    pipelines::joined(kind, ':', id).into()
 }
 
 /// The wall clock as event time (only the runtime reads it; the stages never do).

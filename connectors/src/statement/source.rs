@@ -285,12 +285,12 @@ fn base_url(text: &str) -> Result<String, ConnectorError> {
 
 /// The body of a 200, at most `RESPONSE_BYTES_MAX` bytes.
 async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
-    if response.content_length().is_some_and(|length| length > RESPONSE_BYTES_MAX as u64) {
+    let announced = response.content_length().unwrap_or(0);
+    if announced > RESPONSE_BYTES_MAX as u64 {
         return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
     }
     // Room for the whole body when its length is announced (a page is read in a few chunks).
-    let announced = response.content_length().map_or(0, |length| length as usize);
-    let mut body = Vec::with_capacity(announced);
+    let mut body = Vec::with_capacity(announced as usize);
     while let Some(chunk) = response.chunk().await.map_err(|error| error.to_string())? {
         if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
             return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
