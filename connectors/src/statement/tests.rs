@@ -547,3 +547,38 @@ fn percent_encoding_keeps_only_unreserved_characters() {
     assert_eq!(percent_encode("ü"), "%C3%BC");
     assert_eq!(percent_encode("2026-03-02T09:30:00Z"), "2026-03-02T09%3A30%3A00Z");
 }
+
+/// Each call's URL is the base URL with its path and query set (no whole URL parsed per call): it must
+/// be the URL its text parses to, the text the connector wrote before (one string, parsed whole), under
+/// a base URL with a path of its own too.
+#[test]
+fn a_calls_url_is_the_base_url_with_the_calls_path_and_query() {
+    for base in ["http://127.0.0.1:9", "http://127.0.0.1:9/", "http://provider.example/wallets/v2/"] {
+        let connector = StatementConnector::new(&StatementConfig::new(base)).unwrap();
+        let prefix = base.trim_end_matches('/');
+        let cases = [
+            (list("c1", None, None, None), format!("{prefix}/v1/cards/c1/transactions")),
+            (
+                list("a/b ü", Some(PageOrder::Asc), Some(at(0)), Some(5)),
+                format!(
+                    "{prefix}/v1/cards/a%2Fb%20%C3%BC/transactions?order=asc&from=2026-03-02T09%3A30%3A00Z&limit=5"
+                ),
+            ),
+            (
+                list("c1", Some(PageOrder::Desc), None, Some(500)),
+                format!("{prefix}/v1/cards/c1/transactions?order=desc&limit=200"),
+            ),
+            (
+                list("c1", None, Some(at(1)), None),
+                format!("{prefix}/v1/cards/c1/transactions?from=2026-03-02T09%3A30%3A01Z"),
+            ),
+            (detail("%2e%2e", "t/1?x#y"), format!("{prefix}/v1/cards/%252e%252e/transactions/t%2F1%3Fx%23y")),
+        ];
+        for (request, expected) in cases {
+            let url = connector.planned_url(&request).expect("a URL");
+            assert_eq!(url.as_str(), expected, "base {base}");
+            assert_eq!(url, reqwest::Url::parse(&expected).unwrap(), "base {base}: the URL its text parses to");
+        }
+        assert_eq!(connector.planned_url(&list("..", None, None, None)), None);
+    }
+}
