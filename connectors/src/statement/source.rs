@@ -106,8 +106,6 @@ pub struct StatementConnector {
     /// The provider's base URL, parsed once: each call's URL is a copy of it with its own path and
     /// query, so no call parses a host again.
     base_url: reqwest::Url,
-    /// The base URL's path without its trailing `/`, which each call's path starts with.
-    base_path: String,
     client: reqwest::Client,
     /// One semaphore per `Provider`, indexed by `provider as usize`.
     slots: [Semaphore; Provider::ALL.len()],
@@ -133,10 +131,8 @@ impl StatementConnector {
             .build()
             .map_err(ConnectorError::Client)?;
         let permits = config.concurrent_requests_per_provider_max as usize;
-        let base_url = base_url(&config.base_url)?;
         Ok(StatementConnector {
-            base_path: base_url.path().trim_end_matches('/').to_string(),
-            base_url,
+            base_url: base_url(&config.base_url)?,
             client,
             slots: std::array::from_fn(|_| Semaphore::new(permits)),
             page_limit_max: config.page_limit_max,
@@ -205,8 +201,10 @@ impl StatementConnector {
         if call == Call::Detail && !is_path_segment(txn_id) {
             return Err(unreachable("txn id", txn_id));
         }
-        let mut path = String::with_capacity(self.base_path.len() + URL_PATH_AND_QUERY_BYTES_TYPICAL);
-        path.push_str(&self.base_path);
+        // Each call's path starts with the base URL's, without its trailing `/`.
+        let base_path = self.base_url.path().trim_end_matches('/');
+        let mut path = String::with_capacity(base_path.len() + URL_PATH_AND_QUERY_BYTES_TYPICAL);
+        path.push_str(base_path);
         path.push_str("/v1/cards/");
         push_percent_encoded(&mut path, &request.card_id);
         path.push_str("/transactions");
