@@ -4,7 +4,9 @@
 //! provider (reads are idempotent) but never appends an answer twice.
 
 use super::{system_now, Embedded};
-use crate::runtime::{appended_logs, lock, stage_log, ClockMode, HandedBatch, OutputRecord, RuntimeError};
+use crate::runtime::{
+    appended_logs, lock, stage_log_name, ClockMode, HandedBatch, LogName, OutputRecord, RuntimeError,
+};
 use crate::runtime::{encode, WriteBatch, CONNECTOR_CONSUMER, OUTPUTS_LOG};
 use crate::statement::{Crawled, StatementConnector};
 use pipelines::input::Command;
@@ -128,7 +130,7 @@ async fn ask_batch(
     let partitions = embedded.config().partitions;
     for ((offset, requested_at, request), crawled) in requests.iter().zip(results) {
         let Some(crawled) = crawled else { continue };
-        let log = stage_log(StageKind::Agent, partition_of(&request.user_id, partitions));
+        let log = stage_log_name(StageKind::Agent, partition_of(&request.user_id, partitions));
         append_answer(
             &mut batch,
             log,
@@ -332,7 +334,7 @@ fn event_answer_time(embedded: &Embedded, requested_at: Timestamp) -> Option<Tim
 /// service's CPU in the serve benchmark.
 fn append_answer(
     batch: &mut WriteBatch,
-    log: String,
+    log: LogName,
     id: RecordId,
     at: Timestamp,
     request: &CrawlRequested,

@@ -16,7 +16,7 @@ pub mod store;
 
 use crate::runtime::{appended_logs, push_stage_record, HandedBatch};
 use crate::runtime::{
-    apply_batch_from, commit_applied, for_each_record, lock, read_lock, restore, stage_log, Appended,
+    apply_batch_from, commit_applied, for_each_record, lock, read_lock, restore, stage_log, stage_log_name, Appended,
     AssignmentListener, ClockMode, Ingested, IngestionChecks, IngestionReader, KeyOwners, KeyValueTable,
     PipelineHandle, Records, RuntimeError, Store, WriteBatch, OUTPUTS_LOG,
 };
@@ -381,7 +381,7 @@ impl Embedded {
     }
 
     /// Wakes the consumers of `logs` (after a commit that appended to them).
-    pub fn ring<'a>(&self, logs: impl IntoIterator<Item = &'a String>) {
+    pub fn ring(&self, logs: impl IntoIterator<Item = impl AsRef<str>>) {
         ring(&self.inner, logs)
     }
 
@@ -449,9 +449,9 @@ fn hand_over_early_crawls(inner: &Inner, crawls: &mut Vec<(Timestamp, pipelines:
     inner.early_crawls_added.notify_one();
 }
 
-fn ring<'a>(inner: &Inner, logs: impl IntoIterator<Item = &'a String>) {
+fn ring(inner: &Inner, logs: impl IntoIterator<Item = impl AsRef<str>>) {
     for log in logs {
-        if let Some(doorbell) = inner.doorbells.get(log) {
+        if let Some(doorbell) = inner.doorbells.get(log.as_ref()) {
             doorbell.ring();
         }
     }
@@ -933,7 +933,7 @@ fn tick(
             at: Timestamp::from_millis(now_ms),
             body: RecordBody::Tick,
         };
-        batch.append_stage_record(stage_log(kind, index), record)?;
+        batch.append_stage_record(stage_log_name(kind, index), record)?;
         sent.push(((kind, index), id));
     }
     if batch.appends.is_empty() {
@@ -1040,12 +1040,12 @@ impl Inner {
         let made = match route_input(input) {
             Routed::Message(message) => {
                 let (kind, key) = pipelines::partition::destination(&message);
-                let log = stage_log(kind, pipelines::partition::partition_of(key, self.config.partitions));
+                let log = stage_log_name(kind, pipelines::partition::partition_of(key, self.config.partitions));
                 vec![(log, StageRecord { id: id(0), at, body: RecordBody::Message { message } })]
             }
             Routed::Broadcast => {
                 let ticks = self.partitions.keys().enumerate().map(|(index, &(kind, partition))| {
-                    (stage_log(kind, partition), StageRecord { id: id(index as u32), at, body: RecordBody::Tick })
+                    (stage_log_name(kind, partition), StageRecord { id: id(index as u32), at, body: RecordBody::Tick })
                 });
                 ticks.collect()
             }

@@ -1018,7 +1018,7 @@ mod tests {
     fn bind(store: &RedbStore, event_id: &str, card: &str, user: &str) -> Result<Vec<Appended>, RuntimeError> {
         store.ingest(&[event_id], &mut |_, position| {
             Ok(Ingested {
-                records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                records: vec![("agent-0".into(), format!("{position}").into_bytes())],
                 stage_records: Vec::new(),
                 keys: Vec::new(),
                 exclusive_keys: vec![(format!("card:{card}"), user.to_string())],
@@ -1049,7 +1049,7 @@ mod tests {
         let order = |store: &RedbStore, event_ids: &[&str], merchant: &str| {
             store.ingest(event_ids, &mut |_, position| {
                 Ok(Ingested {
-                    records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    records: vec![("order-0".into(), format!("{position}").into_bytes())],
                     stage_records: Vec::new(),
                     keys: vec![("order:o1".to_string(), merchant.to_string())],
                     exclusive_keys: Vec::new(),
@@ -1086,7 +1086,7 @@ mod tests {
         let create = |store: &RedbStore, event_ids: &[&str], merchant: &str| {
             store.ingest(event_ids, &mut |index, position| {
                 Ok(Ingested {
-                    records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    records: vec![("order-0".into(), format!("{position}").into_bytes())],
                     stage_records: Vec::new(),
                     keys: vec![(format!("order:o{index}"), merchant.to_string())],
                     exclusive_keys: vec![("card:k1".to_string(), "u1".to_string())],
@@ -1136,7 +1136,7 @@ mod tests {
                             let card = format!("card:k{}", (request + thread) % 6);
                             let outcome = store.ingest(&refs, &mut |_, position| {
                                 Ok(Ingested {
-                                    records: vec![("agent-0".to_string(), format!("{position}").into_bytes())],
+                                    records: vec![("agent-0".into(), format!("{position}").into_bytes())],
                                     stage_records: Vec::new(),
                                     keys: Vec::new(),
                                     exclusive_keys: vec![(card.clone(), format!("u{thread}"))],
@@ -1155,7 +1155,7 @@ mod tests {
                                 Err(error) => panic!("ingestion failed: {error}"),
                             }
                             let mut round = WriteBatch::default();
-                            round.appends.push(("outputs".to_string(), b"round".to_vec()));
+                            round.appends.push(("outputs".into(), b"round".to_vec()));
                             store.commit(round).expect("a round commits");
                         }
                         bound
@@ -1273,8 +1273,8 @@ mod tests {
             let mut batch = WriteBatch::default();
             for _ in 0..(commit * 7 + 1) {
                 let bytes = record(expected.len());
-                batch.appends.push(("agent-0".to_string(), bytes.clone()));
-                batch.appends.push(("other".to_string(), b"{}".to_vec()));
+                batch.appends.push(("agent-0".into(), bytes.clone()));
+                batch.appends.push(("other".into(), b"{}".to_vec()));
                 expected.push(bytes);
             }
             store.commit(batch).expect("committed");
@@ -1319,7 +1319,7 @@ mod tests {
                 // Each record names its offset, so the read below checks order, not only count.
                 let mut bytes = format!("{}:", appended.len()).into_bytes();
                 bytes.resize(size, b'x');
-                batch.appends.push(("agent-0".to_string(), bytes.clone()));
+                batch.appends.push(("agent-0".into(), bytes.clone()));
                 appended.push(bytes);
             }
             store.commit(batch).expect("committed");
@@ -1397,9 +1397,9 @@ mod tests {
                         let mut batch = WriteBatch::default();
                         for record in 0..2 {
                             let bytes = format!("{committer}:{batch_number}:{record}").into_bytes();
-                            batch.appends.push((format!("own-{committer}"), bytes));
+                            batch.appends.push((format!("own-{committer}").into(), bytes));
                         }
-                        batch.appends.push(("shared".to_string(), format!("{committer}:{batch_number}").into_bytes()));
+                        batch.appends.push(("shared".into(), format!("{committer}:{batch_number}").into_bytes()));
                         batch.offsets.push((format!("consumer-{committer}"), batch_number as u64 + 1));
                         store.commit(batch).expect("committed");
                     }
@@ -1433,7 +1433,7 @@ mod tests {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let store = RedbStore::open(directory.path()).expect("the store opens");
         let batch = |log: &str, offset: u64| WriteBatch {
-            appends: vec![(log.to_string(), b"{}".to_vec())],
+            appends: vec![(log.into(), b"{}".to_vec())],
             offsets: vec![("consumer".to_string(), offset)],
             ..WriteBatch::default()
         };
@@ -1452,7 +1452,7 @@ mod tests {
     /// A batch consumed from `from` to `next` of the log "input", appending one record to "output".
     fn consumed(from: u64, next: u64) -> WriteBatch {
         WriteBatch {
-            appends: vec![("output".to_string(), format!("{{\"from\":{from}}}").into_bytes())],
+            appends: vec![("output".into(), format!("{{\"from\":{from}}}").into_bytes())],
             offsets: vec![("consumer".to_string(), next)],
             expected_offsets: vec![("consumer".to_string(), from)],
             ..WriteBatch::default()
@@ -1517,7 +1517,7 @@ mod tests {
         let ingest = |store: &RedbStore, event_ids: &[&str]| {
             store.ingest(event_ids, &mut |index, position| {
                 Ok(Ingested {
-                    records: vec![("order-0".to_string(), format!("{position}").into_bytes())],
+                    records: vec![("order-0".into(), format!("{position}").into_bytes())],
                     keys: vec![(format!("order:{}", event_ids[index]), "m1".to_string())],
                     ..Ingested::default()
                 })
@@ -1678,7 +1678,7 @@ mod tests {
                 let record = stage_record(position);
                 let bytes = crate::runtime::encode(&record).expect("encodes");
                 Ok(Ingested {
-                    records: vec![("order-0".to_string(), b"{}".to_vec()), ("agent-0".to_string(), bytes)],
+                    records: vec![("order-0".into(), b"{}".to_vec()), ("agent-0".into(), bytes)],
                     stage_records: vec![(1, record)],
                     ..Ingested::default()
                 })
@@ -1686,11 +1686,11 @@ mod tests {
             .expect("ingested");
         assert_eq!(ingested, vec![Appended::New { position: 0 }]);
         let mut batch = WriteBatch::default();
-        batch.appends.push(("agent-0".to_string(), b"{\"not\":\"kept\"}".to_vec()));
+        batch.appends.push(("agent-0".into(), b"{\"not\":\"kept\"}".to_vec()));
         for offset in [10, 11] {
-            batch.append_stage_record("agent-0".to_string(), stage_record(offset)).expect("appended");
+            batch.append_stage_record("agent-0".into(), stage_record(offset)).expect("appended");
         }
-        batch.append_stage_record("merchant-0".to_string(), stage_record(12)).expect("appended");
+        batch.append_stage_record("merchant-0".into(), stage_record(12)).expect("appended");
         store.commit(batch).expect("committed");
 
         let stored = store.read("agent-0", 0, 10).expect("read");

@@ -49,7 +49,7 @@ fn output(source: &str, offset: u64) -> Vec<u8> {
 fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) -> Result<Vec<Appended>, RuntimeError> {
     store.ingest(&[event_id], &mut |_, position| {
         Ok(Ingested {
-            records: vec![("agent-0".to_string(), tick("ingest", position))],
+            records: vec![("agent-0".into(), tick("ingest", position))],
             stage_records: Vec::new(),
             keys: vec![(format!("order:{event_id}"), "m1".to_string())],
             exclusive_keys: card.map(|(card, user)| (format!("card:{card}"), user.to_string())).into_iter().collect(),
@@ -62,7 +62,7 @@ fn ingest_one(store: &KafkaStore, event_id: &str, card: Option<(&str, &str)>) ->
 fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     let (config, _cluster) = mock(2);
     let store = KafkaStore::open(config.clone()).expect("the store opens");
-    let appends = vec![("agent-1".to_string(), tick("ingest", 1)), ("outputs".to_string(), output("agent-1", 7))];
+    let appends = vec![("agent-1".into(), tick("ingest", 1)), ("outputs".into(), output("agent-1", 7))];
     store.commit(WriteBatch { appends, offsets: Vec::new(), ..WriteBatch::default() }).expect("committed");
     // Avro on the topics; the runtime's own encoding back from the store (an output's record id
     // travels in a header).
@@ -74,7 +74,7 @@ fn a_batch_and_its_offsets_commit_together_and_survive_a_restart() {
     assert_eq!(payload[..5], [0, 0, 0, 0, 5], "Confluent framing, schema id 5 (Output)");
     assert_eq!(record_id.as_deref(), Some(&br#"{"source":"agent-1","offset":7,"index":0}"#[..]));
     let offsets = vec![("agent-1".to_string(), 1), (crate::runtime::CONNECTOR_CONSUMER.to_string(), 1)];
-    let appends = vec![("merchant-0".to_string(), tick("order-0", 3))];
+    let appends = vec![("merchant-0".into(), tick("order-0", 3))];
     store.commit(WriteBatch { appends, offsets, ..WriteBatch::default() }).expect("committed");
     store.put(KeyValueTable::Meta, "partitions", "2").expect("put");
     drop(store);
@@ -94,7 +94,7 @@ fn the_first_unconsumed_record_is_read_at_the_committed_offset_and_moves_no_proc
     let (config, _cluster) = mock(2);
     let store = KafkaStore::open(config).expect("the store opens");
     let records: Vec<Vec<u8>> = (0..3).map(|offset| tick("ingest", offset)).collect();
-    let appends = records.iter().map(|record| ("agent-1".to_string(), record.clone())).collect();
+    let appends = records.iter().map(|record| ("agent-1".into(), record.clone())).collect();
     store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("appended");
     let first = |pair: (&str, &str)| store.first_unconsumed(&[pair]).expect("read").expect("read");
     assert_eq!(first(("agent-1", "agent-1")), vec![Some(records[0].clone())], "a consumer that never committed");
@@ -109,7 +109,7 @@ fn the_first_unconsumed_record_is_read_at_the_committed_offset_and_moves_no_proc
         records.iter().cloned().enumerate().skip(1).map(|(offset, record)| (offset as u64, record)).collect();
     assert_eq!(store.read("agent-1", 1, 10).expect("a read"), rest, "the processing reader reads on from 1");
     // An output waits for the connector: read back in the runtime's encoding, its record id from the header.
-    let appends = vec![(OUTPUTS_LOG.to_string(), output("agent-1", 7))];
+    let appends = vec![(OUTPUTS_LOG.into(), output("agent-1", 7))];
     store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("appended");
     let pairs = [("agent-0", "agent-0"), ("agent-1", "agent-1"), (OUTPUTS_LOG, crate::runtime::CONNECTOR_CONSUMER)];
     let firsts = store.first_unconsumed(&pairs).expect("read").expect("read");
@@ -124,7 +124,7 @@ fn ingestion_deduplicates_event_ids_and_guards_cards_across_restarts() {
     let store = KafkaStore::open(config.clone()).expect("the store opens");
     let outcomes = store
         .ingest(&["e1", "e2", "e1"], &mut |_, position| {
-            Ok(Ingested { records: vec![("agent-0".to_string(), tick("ingest", position))], ..Ingested::default() })
+            Ok(Ingested { records: vec![("agent-0".into(), tick("ingest", position))], ..Ingested::default() })
         })
         .expect("ingested");
     assert_eq!(
@@ -166,7 +166,11 @@ fn a_transaction_aborted_mid_batch_commits_nothing_and_the_retry_emits_once() {
     let log = stage_log(StageKind::Agent, 0);
     let record = crate::runtime::encode(&rejected_recharge()).expect("encodes");
     store
-        .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+        .commit(WriteBatch {
+            appends: vec![(log.as_str().into(), record)],
+            offsets: Vec::new(),
+            ..WriteBatch::default()
+        })
         .expect("appended");
     // The records of the batch are produced, then adding its offsets to the transaction is refused:
     // the transaction must be aborted.
@@ -330,7 +334,11 @@ fn a_poison_record_goes_to_the_dead_letter_topic_with_its_origin_and_the_partiti
     let log = stage_log(StageKind::Agent, 0);
     let record = crate::runtime::encode(&rejected_recharge()).expect("encodes");
     store
-        .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+        .commit(WriteBatch {
+            appends: vec![(log.as_str().into(), record)],
+            offsets: Vec::new(),
+            ..WriteBatch::default()
+        })
         .expect("appended");
     let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
     let mut consumed = 0;
@@ -472,7 +480,7 @@ fn with_a_schema_registry_records_carry_its_ids_and_still_read_back() {
     assert_eq!(config.schema_ids.by_topic.get("paisa.agent"), Some(&101));
     assert_eq!(config.schema_ids.by_topic.get("paisa.outputs"), Some(&102));
     let store = KafkaStore::open(config.clone()).expect("the store opens");
-    let appends = vec![("agent-0".to_string(), tick("ingest", 1)), ("outputs".to_string(), output("agent-0", 4))];
+    let appends = vec![("agent-0".into(), tick("ingest", 1)), ("outputs".into(), output("agent-0", 4))];
     store.commit(WriteBatch { appends, offsets: Vec::new(), ..WriteBatch::default() }).expect("committed");
     assert_eq!(first_raw(&config, "paisa.agent", 0).0[..5], [0, 0, 0, 0, 101]);
     assert_eq!(first_raw(&config, "paisa.outputs", 0).0[..5], [0, 0, 0, 0, 102]);
@@ -484,7 +492,7 @@ fn with_a_schema_registry_records_carry_its_ids_and_still_read_back() {
     drop(store);
     let store = KafkaStore::open(without).expect("reopens without the registry");
     store
-        .commit(WriteBatch { appends: vec![("agent-0".to_string(), tick("ingest", 2))], ..WriteBatch::default() })
+        .commit(WriteBatch { appends: vec![("agent-0".into(), tick("ingest", 2))], ..WriteBatch::default() })
         .expect("committed");
     drop(store);
     let store = KafkaStore::open(config).expect("reopens with the registry");
@@ -603,9 +611,9 @@ fn a_refused_record_aborts_its_transaction_and_the_store_goes_on() {
         error: "too big".to_string(),
         payload_hex: "ab".repeat(2_000_000),
     };
-    let appends = vec![(crate::runtime::DEAD_LETTER_LOG.to_string(), serde_json::to_vec(&letter).expect("json"))];
+    let appends = vec![(crate::runtime::DEAD_LETTER_LOG.into(), serde_json::to_vec(&letter).expect("json"))];
     assert!(store.commit(WriteBatch { appends, ..WriteBatch::default() }).is_err());
-    let appends = vec![("agent-0".to_string(), tick("ingest", 1))];
+    let appends = vec![("agent-0".into(), tick("ingest", 1))];
     store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("the next transaction commits");
     assert_eq!(read_all(&store, "agent-0"), vec![(0, tick("ingest", 1))]);
 }

@@ -367,7 +367,13 @@ pub struct Snapshot {
 }
 
 /// Records as (log, bytes).
-pub type Records = Vec<(String, Vec<u8>)>;
+pub type Records = Vec<(LogName, Vec<u8>)>;
+
+/// A log's name as a record to append names it. Held inline up to 24 bytes, which every log name of
+/// the runtime fits (`agent-17`, `outputs`, `dead-letters`): naming each appended record's log
+/// allocates nothing, where a `String` cost an allocation and a free per record (≈ 4 records per
+/// input).
+pub type LogName = pipelines::Text;
 
 /// Keys an input creates, with their owners, as (key, owner).
 pub type KeyOwners = Vec<(String, String)>;
@@ -442,7 +448,7 @@ pub enum KeyValueTable {
 #[derive(Debug, Default)]
 pub struct WriteBatch {
     /// Records to append, as (log, bytes), in order.
-    pub appends: Vec<(String, Vec<u8>)>,
+    pub appends: Records,
     /// Consumer offsets to set, as (consumer, next offset to consume).
     pub offsets: Vec<(String, u64)>,
     /// The offsets the batch consumed from, as (consumer, first offset consumed), for consumers it
@@ -481,7 +487,7 @@ impl WriteBatch {
     /// Appends a stage record to `log`: its bytes, and the record itself for [`WriteBatch::stage_records`].
     pub fn append_stage_record(
         &mut self,
-        log: String,
+        log: LogName,
         record: pipelines::partition::StageRecord,
     ) -> Result<(), RuntimeError> {
         push_stage_record(&mut self.appends, &mut self.stage_records, log, record)
@@ -490,7 +496,7 @@ impl WriteBatch {
     /// The same for a record already encoded: `bytes` must decode to `record`.
     pub fn append_encoded_stage_record(
         &mut self,
-        log: String,
+        log: LogName,
         record: pipelines::partition::StageRecord,
         bytes: Vec<u8>,
     ) {
@@ -508,7 +514,7 @@ impl WriteBatch {
 pub fn push_stage_record(
     appends: &mut Records,
     made: &mut Vec<(usize, pipelines::partition::StageRecord)>,
-    log: String,
+    log: LogName,
     record: pipelines::partition::StageRecord,
 ) -> Result<(), RuntimeError> {
     let bytes = encode(&record)?;
@@ -520,7 +526,7 @@ pub fn push_stage_record(
 fn push_encoded_stage_record(
     appends: &mut Records,
     made: &mut Vec<(usize, pipelines::partition::StageRecord)>,
-    log: String,
+    log: LogName,
     record: pipelines::partition::StageRecord,
     bytes: Vec<u8>,
 ) {
@@ -540,7 +546,12 @@ pub enum Submission {
 /// The log a stage partition consumes. Named for every message a round produces, so built without
 /// `format!` (≈ 0.6 % of the serve benchmark's CPU samples went to its formatting machinery, `perf`).
 pub fn stage_log(kind: pipelines::partition::StageKind, partition: u32) -> String {
-    pipelines::numbered(kind.name(), '-', u64::from(partition)).into()
+    stage_log_name(kind, partition).into()
+}
+
+/// The same as a [`LogName`], as records to append name their log (no allocation).
+pub fn stage_log_name(kind: pipelines::partition::StageKind, partition: u32) -> LogName {
+    pipelines::numbered(kind.name(), '-', u64::from(partition))
 }
 
 /// The log of every SPEC §6 output, in commit order (the outbox the connector and sinks consume).
@@ -873,7 +884,7 @@ fn encode_produced(
     let first_output = produced.messages.len();
     for (index, (at, message)) in produced.messages.drain(..).enumerate() {
         let (kind, key) = destination(&message);
-        let target = stage_log(kind, partition_of(key, partitions));
+        let target = stage_log_name(kind, partition_of(key, partitions));
         let record = StageRecord { id: id(index), at, body: RecordBody::Message { message } };
         batch.append_stage_record(target, record)?;
     }
@@ -884,7 +895,7 @@ fn encode_produced(
             _ => {}
         }
         let record = OutputRecord { id: id(first_output + index), output };
-        batch.appends.push((OUTPUTS_LOG.to_string(), encode(&record)?));
+        batch.appends.push((LogName::const_new(OUTPUTS_LOG), encode(&record)?));
     }
     Ok(())
 }
@@ -916,7 +927,7 @@ fn dead_letter(log: &str, offset: u64, payload: &[u8], error: &str, batch: &mut 
     let payload_hex = payload.iter().map(|byte| format!("{byte:02x}")).collect();
     let letter = DeadLetter { log: log.to_string(), offset, error: error.to_string(), payload_hex };
     let bytes = serde_json::to_vec(&letter).unwrap_or_default();
-    batch.appends.push((DEAD_LETTER_LOG.to_string(), bytes));
+    batch.appends.push((LogName::const_new(DEAD_LETTER_LOG), bytes));
     batch.applied.dead_letters += 1;
 }
 
@@ -1016,7 +1027,11 @@ pub(crate) mod tests {
         let log = stage_log(StageKind::Agent, 0);
         let record = encode(&rejected_recharge()).expect("encodes");
         store
-            .commit(WriteBatch { appends: vec![(log.clone(), record)], offsets: Vec::new(), ..WriteBatch::default() })
+            .commit(WriteBatch {
+                appends: vec![(log.as_str().into(), record)],
+                offsets: Vec::new(),
+                ..WriteBatch::default()
+            })
             .expect("appended");
         let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
         store.fail_next_commit.store(true, Ordering::SeqCst);
@@ -1048,7 +1063,7 @@ pub(crate) mod tests {
         assert!(encode(&long).expect("encodes").len() > RECORD_BYTES_TYPICAL, "the long record outgrew the buffer");
         let appends = ["agent-1", "order-0", "agent-1", "outputs", "order-0", "agent-1"]
             .into_iter()
-            .map(|log| (log.to_string(), Vec::new()))
+            .map(|log| (log.into(), Vec::new()))
             .collect();
         let logs = appended_logs(&WriteBatch { appends, ..WriteBatch::default() });
         assert_eq!(logs.into_iter().collect::<Vec<_>>(), ["agent-1", "order-0", "outputs"]);
@@ -1066,7 +1081,7 @@ pub(crate) mod tests {
         let store = RedbStore::open(data_dir.path()).expect("the store opens").with_metrics(figures.clone());
         let log = stage_log(StageKind::Agent, 0);
         let rejected = encode(&rejected_recharge()).expect("encodes");
-        let appends = vec![(log.clone(), b"not a record".to_vec()), (log.clone(), rejected)];
+        let appends = vec![(log.as_str().into(), b"not a record".to_vec()), (log.as_str().into(), rejected)];
         store.commit(WriteBatch { appends, ..WriteBatch::default() }).expect("appended");
         let partition = RwLock::new(StagePartition::new(StageKind::Agent, 0, 1, pipelines::Config::default()));
         let mut batch = WriteBatch::default();
