@@ -100,8 +100,8 @@ pub struct RedbStore {
 #[derive(Debug, Default)]
 struct CommittedRecords {
     /// Per log, in increasing offset order (with gaps where a record was not kept). Looked up once per
-    /// record committed, so hashed with Fx rather than SipHash (≈ 0.3 % of the serve benchmark's
-    /// samples went to hashing log names here, `perf`): the keys are the runtime's own log names.
+    /// record committed, so hashed with Fx rather than SipHash (this lookup was ≈ 0.3 % of the serve
+    /// benchmark's samples with SipHash, `perf`): the keys are the runtime's own log names.
     by_log: rustc_hash::FxHashMap<LogName, std::collections::VecDeque<KeptRecord>>,
     /// The encoded lengths of the records kept, summed.
     bytes_kept: usize,
