@@ -543,13 +543,15 @@ pub enum Submission {
     Done(Result<(), RuntimeError>),
 }
 
-/// The log a stage partition consumes. Named for every message a round produces, so built without
-/// `format!` (≈ 0.6 % of the serve benchmark's CPU samples went to its formatting machinery, `perf`).
+/// The log a stage partition consumes, as a `String`: for reads, figures and restores. Records to
+/// append name their log with [`stage_log_name`], which allocates nothing.
 pub fn stage_log(kind: pipelines::partition::StageKind, partition: u32) -> String {
     stage_log_name(kind, partition).into()
 }
 
-/// The same as a [`LogName`], as records to append name their log (no allocation).
+/// The log a stage partition consumes, as a [`LogName`]. Named for every record a round produces, so
+/// built without `format!` (≈ 0.6 % of the serve benchmark's CPU samples went to its formatting
+/// machinery, `perf`) and without a heap allocation.
 pub fn stage_log_name(kind: pipelines::partition::StageKind, partition: u32) -> LogName {
     pipelines::numbered(kind.name(), '-', u64::from(partition))
 }
