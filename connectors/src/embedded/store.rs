@@ -127,10 +127,8 @@ impl CommittedRecords {
         if self.bytes_kept + encoded_bytes > COMMITTED_RECORD_BYTES_MAX {
             return;
         }
-        let kept = match self.by_log.get_mut(log) {
-            Some(kept) => kept,
-            None => self.by_log.entry(log.into()).or_default(),
-        };
+        // A `LogName` key is inline: building one for the lookup allocates nothing.
+        let kept = self.by_log.entry(log.into()).or_default();
         let kept_record = KeptRecord { offset, record, encoded_bytes };
         if kept.back().is_none_or(|last| last.offset < offset) {
             kept.push_back(kept_record);

@@ -214,13 +214,16 @@ impl StatementConnector {
         }
         let mut url = self.base_url.clone();
         url.set_path(&path);
-        if call == Call::Detail {
-            return Ok(Plan { call, url, lines_max: 1 });
-        }
-        let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
-        let query = list_query(request.order, request.from, limit);
-        url.set_query((!query.is_empty()).then_some(query.as_str()));
-        Ok(Plan { call, url, lines_max: limit.unwrap_or(self.page_limit_max) as usize })
+        let lines_max = match call {
+            Call::Detail => 1,
+            Call::List => {
+                let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
+                let query = list_query(request.order, request.from, limit);
+                url.set_query((!query.is_empty()).then_some(query.as_str()));
+                limit.unwrap_or(self.page_limit_max) as usize
+            }
+        };
+        Ok(Plan { call, url, lines_max })
     }
 
     /// The URL [`Self::plan`] calls for `request` (what the tests check), None where it refuses.
