@@ -284,9 +284,12 @@ mod tests {
             );
             let record: StageRecord = serde_json::from_str(&text).expect("a message");
             let again = serde_json::to_string(&record).expect("serializes");
-            // Written again in the array form (see `StageRecord`), the time in milliseconds.
+            // Written again in the array form (see `StageRecord`), the time in milliseconds, the message's
+            // fields by position (`stages::positional`).
             let at = crate::time::Timestamp::parse("2026-03-02T09:00:00Z").expect("a time").millis();
-            assert_eq!(again, format!(r#"["ingest",1,0,{at},{message}]"#));
+            let positional =
+                r#"{"Agent":["u1",{"Input":["e1",{"type":"card_reauthenticated","user_id":"u1","card_id":"c1"}]}]}"#;
+            assert_eq!(again, format!(r#"["ingest",1,0,{at},{positional}]"#));
         }
         let error = serde_json::from_str::<RecordBody>(r#"{"kind":"nope"}"#).expect_err("refused").to_string();
         assert!(error.contains("unknown variant `nope`"), "{error}");
@@ -296,7 +299,8 @@ mod tests {
     /// and reads back to itself; an array of any other length or shape is refused, naming why.
     #[test]
     fn a_stage_record_is_written_as_an_array_and_reads_back() {
-        let message = r#"{"Agent":{"user_id":"u1","body":{"Input":{"event_id":"e1","command":{"type":"card_reauthenticated","user_id":"u1","card_id":"c1"}}}}}"#;
+        let message =
+            r#"{"Agent":["u1",{"Input":["e1",{"type":"card_reauthenticated","user_id":"u1","card_id":"c1"}]}]}"#;
         let before_the_epoch = crate::time::Timestamp::from_millis(-1_500);
         for (text, at) in [
             (r#"["ticker",5,0,1772442000000]"#.to_string(), 1_772_442_000_000),

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod merchant;
 pub mod order;
+mod positional;
 
 use crate::input::{CancelledBy, Command, Party};
 use crate::money::Money;
@@ -15,7 +16,7 @@ use crate::Text;
 use serde::{Deserialize, Serialize};
 
 /// An event between stages (or from the log to a stage), routed by its key.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub enum Message {
     Order { order_id: Text, body: OrderBody },
     Agent { user_id: Text, body: AgentBody },
@@ -23,7 +24,7 @@ pub enum Message {
 }
 
 /// What the order stage consumes.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub enum OrderBody {
     /// An input of the order stage (SPEC §5 table).
     Input { event_id: Text, command: Command },
@@ -45,7 +46,7 @@ pub enum OrderBody {
 }
 
 /// Sub-order outcomes the order stage turns into main-order states, merchant movements and callbacks.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub enum SubOutcome {
     /// R-MER-2: `actual` is the matched line's amount (or the operator's); `utr` back-fills the order.
     CollectionSucceeded { actual: Money, utr: Option<Text> },
@@ -64,7 +65,7 @@ pub enum SubOutcome {
 }
 
 /// What the agent stage consumes.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub enum AgentBody {
     /// An input of the agent stage (SPEC §5 table).
     Input { event_id: Text, command: Command },
@@ -83,7 +84,7 @@ pub enum AgentBody {
     },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub struct DispatchRequest {
     pub order_id: Text,
     pub seq: u32,
@@ -98,7 +99,7 @@ pub struct DispatchRequest {
     pub utr: Option<Text>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub enum SubOrderCommand {
     PaymentConfirmed { utr: Option<Text> },
     Cancel { by: CancelledBy },
@@ -112,7 +113,7 @@ pub enum SubOrderCommand {
 }
 
 /// What the merchant stage consumes.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub enum MerchantBody {
     Input {
         event_id: Text,
