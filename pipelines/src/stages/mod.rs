@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod merchant;
 pub mod order;
+/// `Serialize` of the messages below and their parts: fields by position, not by name.
 mod positional;
 
 use crate::input::{CancelledBy, Command, Party};
@@ -15,7 +16,9 @@ use crate::time::Timestamp;
 use crate::Text;
 use serde::{Deserialize, Serialize};
 
-/// An event between stages (or from the log to a stage), routed by its key.
+/// An event between stages (or from the log to a stage), routed by its key. Written with its fields by
+/// position (`positional`, as are the bodies, outcomes, sub-order commands and dispatch requests below);
+/// the derived `Deserialize` reads that form and the objects written before.
 #[derive(Clone, Debug, Deserialize)]
 pub enum Message {
     Order { order_id: Text, body: OrderBody },
