@@ -36,13 +36,27 @@ fn main() {
         elapsed.as_secs_f64(),
         inputs.len() as f64 / elapsed.as_secs_f64()
     );
-    let mut records = 0;
+    let (mut records, mut bytes) = (0, 0);
     for log in ["order-0", "order-1", "agent-0", "agent-1", "merchant-0", "merchant-1", "outputs"] {
         let head = connectors::runtime::Store::head(embedded.store(), log).unwrap_or(0);
-        println!("{log}: {head} records");
+        let log_bytes = log_bytes(&embedded, log, head);
+        println!("{log}: {head} records, {log_bytes} bytes");
         records += head;
+        bytes += log_bytes;
     }
-    println!("{records} records in all ({:.1} per input)", records as f64 / inputs.len() as f64);
+    println!("{records} records in all ({:.1} per input), {bytes} bytes", records as f64 / inputs.len() as f64);
     embedded.stop();
     let _ = std::fs::remove_dir_all(directory);
+}
+
+/// The bytes of `log`'s first `head` records, as stored: what the stages' record format costs.
+fn log_bytes(embedded: &Embedded, log: &str, head: u64) -> usize {
+    let (mut from, mut bytes) = (0, 0);
+    while from < head {
+        let records = connectors::runtime::Store::read(embedded.store(), log, from, 10_000).expect("reads");
+        let Some((last, _)) = records.last() else { break };
+        from = last + 1;
+        bytes += records.iter().map(|(_, record)| record.len()).sum::<usize>();
+    }
+    bytes
 }

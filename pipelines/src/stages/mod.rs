@@ -7,7 +7,7 @@ pub mod agent;
 pub mod merchant;
 pub mod order;
 /// `Serialize` of the messages below and their parts: fields by position, not by name.
-mod positional;
+pub(crate) mod positional;
 
 use crate::input::{CancelledBy, Command, Party};
 use crate::money::Money;
@@ -17,8 +17,9 @@ use crate::Text;
 use serde::{Deserialize, Serialize};
 
 /// An event between stages (or from the log to a stage), routed by its key. Written with its fields by
-/// position (`positional`, as are the bodies, outcomes, sub-order commands and dispatch requests below);
-/// the derived `Deserialize` reads that form and the objects written before.
+/// position (`positional`, as are the bodies, outcomes, sub-order commands and dispatch requests below,
+/// and the commands of the bodies' `Input`s); the derived `Deserialize` reads that form and the objects
+/// written before (the commands through `crate::decode::deserialize_positional`).
 #[derive(Clone, Debug, Deserialize)]
 pub enum Message {
     Order { order_id: Text, body: OrderBody },
@@ -30,7 +31,11 @@ pub enum Message {
 #[derive(Clone, Debug, Deserialize)]
 pub enum OrderBody {
     /// An input of the order stage (SPEC §5 table).
-    Input { event_id: Text, command: Command },
+    Input {
+        event_id: Text,
+        #[serde(deserialize_with = "crate::decode::deserialize_positional")]
+        command: Command,
+    },
     /// The merchant stage accepted a new order (and reserved a payout's funds, R-MER-3).
     CreationAccepted,
     /// The merchant stage refused a new order.
@@ -71,7 +76,11 @@ pub enum SubOutcome {
 #[derive(Clone, Debug, Deserialize)]
 pub enum AgentBody {
     /// An input of the agent stage (SPEC §5 table).
-    Input { event_id: Text, command: Command },
+    Input {
+        event_id: Text,
+        #[serde(deserialize_with = "crate::decode::deserialize_positional")]
+        command: Command,
+    },
     /// A dispatch (collection) or grab (payout) the order stage passed on (R-DSP-1, R-PAY-2).
     Dispatch(DispatchRequest),
     /// An order command routed to the live (or last) sub-order.
@@ -120,36 +129,21 @@ pub enum SubOrderCommand {
 pub enum MerchantBody {
     Input {
         event_id: Text,
+        #[serde(deserialize_with = "crate::decode::deserialize_positional")]
         command: Command,
     },
     /// Does the merchant exist? (a new collection, R-MER-1: nothing is reserved)
-    ValidateCollection {
-        order_id: Text,
-        event_id: Text,
-    },
+    ValidateCollection { order_id: Text, event_id: Text },
     /// R-MER-3: reserve a new payout's payable or refuse it.
-    ReservePayout {
-        order_id: Text,
-        amount: Money,
-        event_id: Text,
-    },
+    ReservePayout { order_id: Text, amount: Money, event_id: Text },
     /// R-MER-2.
-    CollectionCredit {
-        order_id: Text,
-        actual: Money,
-    },
+    CollectionCredit { order_id: Text, actual: Money },
     /// R-ADMIN-3.
-    Clawback {
-        order_id: Text,
-    },
+    Clawback { order_id: Text },
     /// R-MER-4 success.
-    PayoutSpent {
-        order_id: Text,
-    },
+    PayoutSpent { order_id: Text },
     /// R-MER-4 cancel.
-    PayoutRefund {
-        order_id: Text,
-    },
+    PayoutRefund { order_id: Text },
 }
 
 /// A timer: state of the stage that set it, fired deterministically at its due time (SPEC §3).

@@ -12,13 +12,60 @@
 //! array of its fields in declaration order as well as an object, so records written before (objects)
 //! and now (arrays) both read. So the order written here is the declaration order; none of these types
 //! may skip a field or flatten one (an array has no names to find a field by); and a field added to one
-//! of them goes last, with `#[serde(default)]`, for the arrays written before it. Commands, parties and
-//! rejections inside a message keep their derived form: commands are SPEC §5 inputs read by their tag
-//! (`crate::decode`), and parties leave absent fields out.
+//! of them goes last, with `#[serde(default)]`, for the arrays written before it. Parties and rejections
+//! inside a message keep their derived form (parties leave absent fields out).
+//!
+//! A command inside a message (a body's `Input`) is written as an array too, its type first:
+//! `["collection_created","c0-0","m0","100.00",null,null]` for `{"type":"collection_created",
+//! "order_id":"c0-0",…}` (fifty-fourth round: the names were a third of the orders' logs). Commands are
+//! SPEC §5 inputs, internally tagged, so serde's derived reader does not take that form: the bodies read
+//! it with `crate::decode::deserialize_positional`, which takes the object form too. A command given
+//! alone (an input posted to the API, a scenario's line) is still read only as an object. The same rules
+//! hold for `crate::input`'s structs: no field skipped or flattened, a new one last with
+//! `#[serde(default)]`.
 
 use super::{AgentBody, DispatchRequest, MerchantBody, Message, OrderBody, SubOrderCommand, SubOutcome};
+use crate::input::Command;
 use serde::ser::{SerializeTuple, SerializeTupleVariant};
 use serde::{Serialize, Serializer};
+
+/// A command's fields, written by position (`crate::input`'s structs; their macro implements it).
+pub(crate) trait PositionalFields {
+    /// How many fields the struct has.
+    const COUNT: usize;
+    /// Writes every field, in declaration order.
+    fn serialize_fields<T: SerializeTuple>(&self, tuple: &mut T) -> Result<(), T::Error>;
+}
+
+/// Writes `[tag, fields…]`: a command's variant as `Command::serialize_positional` writes it.
+pub(crate) fn tagged_tuple<S: Serializer, F: PositionalFields>(
+    serializer: S,
+    tag: &'static str,
+    fields: &F,
+) -> Result<S::Ok, S::Error> {
+    let mut tuple = serializer.serialize_tuple(1 + F::COUNT)?;
+    tuple.serialize_element(tag)?;
+    fields.serialize_fields(&mut tuple)?;
+    tuple.end()
+}
+
+/// A command inside a message (`Input` of a body): `["collection_created","c0-0","m0","100.00",…]`
+/// for `{"type":"collection_created","order_id":"c0-0",…}`, read back by
+/// `crate::decode::deserialize_positional`, which reads the object form too.
+///
+/// A `crawl_result` keeps its object form: the connector writes its record around the provider's page
+/// text, spliced in at `"lines":[]` (`connectors::embedded::connector_loop`), and its bytes are nearly
+/// all that page's, whose lines are objects either way.
+struct PositionalCommand<'a>(&'a Command);
+
+impl Serialize for PositionalCommand<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Command::CrawlResult(_) => self.0.serialize(serializer),
+            command => command.serialize_positional(serializer),
+        }
+    }
+}
 
 /// Writes `$variant` of `$enum` (variant index `$index`) as `{"$variant": [fields…]}`, or as the bare
 /// variant name when it has no fields.
@@ -49,7 +96,9 @@ impl Serialize for Message {
 impl Serialize for OrderBody {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            OrderBody::Input { event_id, command } => variant!(serializer, "OrderBody", 0, "Input", event_id, command),
+            OrderBody::Input { event_id, command } => {
+                variant!(serializer, "OrderBody", 0, "Input", event_id, &PositionalCommand(command))
+            }
             OrderBody::CreationAccepted => variant!(serializer, "OrderBody", 1, "CreationAccepted"),
             OrderBody::CreationRefused { event_id, input_type, rejection } => {
                 variant!(serializer, "OrderBody", 2, "CreationRefused", event_id, input_type, rejection)
@@ -86,7 +135,9 @@ impl Serialize for SubOutcome {
 impl Serialize for AgentBody {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            AgentBody::Input { event_id, command } => variant!(serializer, "AgentBody", 0, "Input", event_id, command),
+            AgentBody::Input { event_id, command } => {
+                variant!(serializer, "AgentBody", 0, "Input", event_id, &PositionalCommand(command))
+            }
             AgentBody::Dispatch(request) => serializer.serialize_newtype_variant("AgentBody", 1, "Dispatch", request),
             AgentBody::SubOrder { order_id, seq, event_id, input_type, command, operator } => {
                 variant!(serializer, "AgentBody", 2, "SubOrder", order_id, seq, event_id, input_type, command, operator)
@@ -134,7 +185,7 @@ impl Serialize for MerchantBody {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             MerchantBody::Input { event_id, command } => {
-                variant!(serializer, "MerchantBody", 0, "Input", event_id, command)
+                variant!(serializer, "MerchantBody", 0, "Input", event_id, &PositionalCommand(command))
             }
             MerchantBody::ValidateCollection { order_id, event_id } => {
                 variant!(serializer, "MerchantBody", 1, "ValidateCollection", order_id, event_id)
@@ -156,7 +207,9 @@ impl Serialize for MerchantBody {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Message;
+    use super::super::{AgentBody, Message};
+    use crate::decode::Tagged;
+    use crate::input::Command;
 
     /// One message of every variant of every type written by position, as the derived `Serialize`
     /// wrote them before (objects with field names; most taken from the serve benchmark's logs).
@@ -238,7 +291,7 @@ mod tests {
             ),
             (
                 r#"{"Merchant":{"merchant_id":"m0","body":{"Input":{"event_id":"w:1","command":{"type":"merchant_deposit","merchant_id":"m0","amount":"100000000.00"}}}}}"#,
-                r#"{"Merchant":["m0",{"Input":["w:1",{"type":"merchant_deposit","merchant_id":"m0","amount":"100000000.00"}]}]}"#,
+                r#"{"Merchant":["m0",{"Input":["w:1",["merchant_deposit","m0","100000000.00"]]}]}"#,
             ),
         ];
         for (object_form, positional) in cases {
@@ -256,5 +309,111 @@ mod tests {
             let read: Result<Message, _> = crate::decode::from_json_bytes(text.as_bytes());
             assert!(read.is_err(), "{text} read as {read:?}");
         }
+    }
+
+    /// One command of every SPEC §5 type, in its named form (as the API takes it and as messages held
+    /// it before).
+    const COMMANDS: &[&str] = &[
+        r#"{"type":"merchant_registered","merchant_id":"m0","collection_fee_rate":"0.02","payout_fee_rate":"0.01","payout_fee_fixed":"5.00","callback_url":"http://m0.example/callback"}"#,
+        r#"{"type":"merchant_deposit","merchant_id":"m0","amount":"100000000.00"}"#,
+        r#"{"type":"user_registered","user_id":"u1","telegram_bound":true}"#,
+        r#"{"type":"card_bound","user_id":"u1","card_id":"k1","provider":"phonepe","account_last4":"1234","vpa":null}"#,
+        r#"{"type":"user_recharge","user_id":"u1","amount":"1000.00","commission":"10.00"}"#,
+        r#"{"type":"user_adjustment","user_id":"u1","amount":"-5.00","reason":"fee"}"#,
+        r#"{"type":"collection_created","order_id":"c1","merchant_id":"m0","amount":"100.00","utr":null,"expires_at":"2026-03-02T10:00:00Z"}"#,
+        r#"{"type":"collection_dispatched","order_id":"c1","user_id":"u1","card_id":"k1"}"#,
+        r#"{"type":"payment_confirmed","order_id":"p1","utr":"900000000000"}"#,
+        r#"{"type":"order_cancelled","order_id":"c1","by":"merchant"}"#,
+        r#"{"type":"supplement_requested","order_id":"c1","utr":null}"#,
+        r#"{"type":"collection_retry","order_id":"c1"}"#,
+        r#"{"type":"payout_created","order_id":"p1","merchant_id":"m0","amount":"99.50","payee":{"account_last4":"4321","ifsc":"HDFC0000001"},"expires_at":null}"#,
+        r#"{"type":"payout_grabbed","order_id":"p1","user_id":"u1","card_id":"k1"}"#,
+        r#"{"type":"crawl_result","request_id":"k1:1","user_id":"u1","card_id":"k1","ok":true,"error":null,"lines":[{"txn_id":"t1","utr":"900000000000","utr_supported":true,"direction":"in","amount":"100.00","status":"success","time":"2026-03-02T09:00:00Z","counterparty":{}}],"next_from":null}"#,
+        r#"{"type":"card_reauthenticated","user_id":"u1","card_id":"k1"}"#,
+        r#"{"type":"admin_approve","order_id":"c1","operator":"ops1","amount":"50.00"}"#,
+        r#"{"type":"admin_reject","order_id":"c1","operator":"ops1"}"#,
+        r#"{"type":"admin_crawl_retry","order_id":"c1","operator":"ops1"}"#,
+        r#"{"type":"admin_correct_cancel","order_id":"c1","operator":"ops1"}"#,
+        r#"{"type":"admin_cancel_payout","order_id":"p1","operator":"ops1"}"#,
+        r#"{"type":"admin_unban","user_id":"u1","operator":"ops1"}"#,
+        r#"{"type":"tick"}"#,
+        r#"{"type":"wallet_line","card_id":"k1","line":{"txn_id":"t1","utr":null,"utr_supported":false,"direction":"out","amount":"99.50","status":"processing","time":"2026-03-02T09:00:00Z","counterparty":{"account_last4":"4321"},"payee_ifsc":"HDFC0000001"}}"#,
+        r#"{"type":"wallet_line_status","card_id":"k1","txn_id":"t1","status":"failed"}"#,
+        r#"{"type":"wallet_fault","card_id":"k1","fault":"upstream_busy"}"#,
+    ];
+
+    fn command_of(message: &Message) -> &Command {
+        match message {
+            Message::Agent { body: AgentBody::Input { command, .. }, .. } => command,
+            other => panic!("not an agent's input: {other:?}"),
+        }
+    }
+
+    fn agent_input(command_text: &str) -> String {
+        format!(r#"{{"Agent":["u1",{{"Input":["e1",{command_text}]}}]}}"#)
+    }
+
+    #[test]
+    fn every_command_reads_back_the_same_from_positions_as_from_names() {
+        let mut types: Vec<&str> = Vec::new();
+        for named in COMMANDS {
+            let command: Command = serde_json::from_str(named).unwrap_or_else(|error| panic!("{named}: {error}"));
+            types.push(command.type_name());
+            let before = agent_input(named);
+            let from_names = read(&before);
+            assert_eq!(command_of(&from_names), &command, "the named form still reads: {before}");
+            let written = write(&from_names);
+            assert_eq!(command_of(&read(&written)), &command, "{written}");
+            assert_eq!(write(&read(&written)), written, "written the same again");
+            if let Command::CrawlResult(_) = command {
+                assert_eq!(written, before, "a crawl result keeps its names (`PositionalCommand`)");
+            } else {
+                let positional = format!(r#"["{}""#, command.type_name());
+                assert!(written.contains(&positional) && written.len() < before.len(), "{written}");
+            }
+        }
+        assert_eq!(types, Command::VARIANTS, "one command of every type, in declaration order");
+    }
+
+    #[test]
+    fn a_command_is_written_as_its_type_then_its_fields_in_declaration_order() {
+        let cases = [
+            (COMMANDS[6], r#"["collection_created","c1","m0","100.00",null,"2026-03-02T10:00:00Z"]"#),
+            (
+                COMMANDS[12],
+                r#"["payout_created","p1","m0","99.50",{"account_last4":"4321","ifsc":"HDFC0000001"},null]"#,
+            ),
+            (COMMANDS[22], r#"["tick"]"#),
+        ];
+        for (named, positional) in cases {
+            assert_eq!(write(&read(&agent_input(named))), agent_input(positional));
+        }
+    }
+
+    #[test]
+    fn a_command_may_leave_off_trailing_defaults_but_nothing_else() {
+        let short = read(&agent_input(r#"["payment_confirmed","p1"]"#));
+        let expected: Command =
+            serde_json::from_str(r#"{"type":"payment_confirmed","order_id":"p1","utr":null}"#).expect("a command");
+        assert_eq!(command_of(&short), &expected);
+        for (command_text, error) in [
+            (r#"["payment_confirmed","p1",null,"extra"]"#, "more fields than `payment_confirmed` has"),
+            (r#"["collection_dispatched","c1","u1"]"#, "invalid length 2"),
+            (r#"["no_such_type","c1"]"#, "unknown variant `no_such_type`"),
+            (r#"[]"#, "missing field `type`"),
+            (r#"[7,"c1"]"#, "invalid type: integer `7`"),
+        ] {
+            let text = agent_input(command_text);
+            let read: Result<Message, _> = crate::decode::from_json_bytes(text.as_bytes());
+            let message = read.expect_err(command_text).to_string();
+            assert!(message.contains(error), "{command_text}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_command_given_alone_is_read_only_by_its_names() {
+        // `deserialize_positional` is for commands inside messages; an input (SPEC §5) is an object.
+        let alone = serde_json::from_str::<Command>(r#"["payment_confirmed","p1",null]"#);
+        assert!(alone.is_err(), "{alone:?}");
     }
 }
