@@ -166,7 +166,8 @@ impl<'de, T: Tagged> Visitor<'de> for PositionalVisitor<T> {
         let value = T::variant(index, serde::de::value::SeqAccessDeserializer::new(&mut elements))?;
         // A struct's derived reader stops after its last field; anything behind it is not a field.
         if elements.next_element::<serde::de::IgnoredAny>()?.is_some() {
-            return Err(A::Error::custom(format!("more fields than `{}` has", T::VARIANTS[index])));
+            let name = T::VARIANTS.get(index).copied().unwrap_or_default();
+            return Err(A::Error::custom(format!("more fields than `{name}` has")));
         }
         Ok(value)
     }

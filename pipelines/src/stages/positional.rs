@@ -17,11 +17,11 @@
 //!
 //! A command inside a message (a body's `Input`) is written as an array too, its type first:
 //! `["collection_created","c0-0","m0","100.00",null,null]` for `{"type":"collection_created",
-//! "order_id":"c0-0",…}` (fifty-fourth round: the names were a third of the orders' logs). Commands are
-//! SPEC §5 inputs, internally tagged, so serde's derived reader does not take that form: the bodies read
-//! it with `crate::decode::deserialize_positional`, which takes the object form too. A command given
-//! alone (an input posted to the API, a scenario's line) is still read only as an object. The same rules
-//! hold for `crate::input`'s structs: no field skipped or flattened, a new one last with
+//! "order_id":"c0-0",…}` (fifty-fourth round: the names were a third of an input message's bytes).
+//! Commands are SPEC §5 inputs, internally tagged, so serde's derived reader does not take that form:
+//! the bodies read it with `crate::decode::deserialize_positional`, which takes the object form too. A
+//! command given alone (an input posted to the API, a scenario's line) is still read only as an object.
+//! The same rules hold for `crate::input`'s structs: no field skipped or flattened, a new one last with
 //! `#[serde(default)]`.
 
 use super::{AgentBody, DispatchRequest, MerchantBody, Message, OrderBody, SubOrderCommand, SubOutcome};
@@ -55,7 +55,8 @@ pub(crate) fn tagged_tuple<S: Serializer, F: PositionalFields>(
 ///
 /// A `crawl_result` keeps its object form: the connector writes its record around the provider's page
 /// text, spliced in at `"lines":[]` (`connectors::embedded::connector_loop`), and its bytes are nearly
-/// all that page's, whose lines are objects either way.
+/// all that page's. Its lines written by position too, encoded from the lines read, halved the pages'
+/// bytes and cost as much to encode as that saved (`docs/PERFORMANCE.md`, fifty-fourth round).
 struct PositionalCommand<'a>(&'a Command);
 
 impl Serialize for PositionalCommand<'_> {
