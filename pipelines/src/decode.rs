@@ -139,9 +139,31 @@ impl<'de, T: Tagged> Visitor<'de> for TaggedVisitor<T> {
     }
 }
 
+/// A tagged enum's variant struct whose fields can be written by position: `[tag, fields…]`, the form
+/// [`deserialize_positional`] reads (`crate::input`'s structs; their macro implements it).
+pub trait PositionalFields {
+    /// How many fields the struct has.
+    const COUNT: usize;
+    /// Writes every field, in declaration order.
+    fn serialize_fields<T: serde::ser::SerializeTuple>(&self, tuple: &mut T) -> Result<(), T::Error>;
+}
+
+/// Writes `[tag, fields…]`: a variant as the `serialize_positional` of [`tagged_newtype_enum`] writes it.
+pub fn tagged_tuple<S: serde::Serializer, F: PositionalFields>(
+    serializer: S,
+    tag: &'static str,
+    fields: &F,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeTuple;
+    let mut tuple = serializer.serialize_tuple(1 + F::COUNT)?;
+    tuple.serialize_element(tag)?;
+    fields.serialize_fields(&mut tuple)?;
+    tuple.end()
+}
+
 /// Reads `T` from a map (as [`deserialize`]) or from an array holding the tag's value first and the
-/// variant's fields after it in declaration order, as `crate::stages::positional` writes a command
-/// inside a message. Fields the variant reads with a default may be left off the end; a field more
+/// variant's fields after it in declaration order, as [`tagged_tuple`] writes it (a command inside a
+/// message, `crate::stages::positional`). Fields the variant reads with a default may be left off the end; a field more
 /// than the variant has is refused.
 pub fn deserialize_positional<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_any(PositionalVisitor::<T>(PhantomData))
@@ -175,8 +197,8 @@ impl<'de, T: Tagged> Visitor<'de> for PositionalVisitor<T> {
 
 /// Implements [`Tagged`] and `Deserialize` for an enum whose variants each hold one struct, and names
 /// each variant's tag value with the method `$name_method` (one list for reading and naming). The
-/// structs implement `PositionalFields` (`crate::stages::positional`): `serialize_positional` writes
-/// a variant as `[tag, fields…]`, which [`deserialize_positional`] reads.
+/// structs implement [`PositionalFields`]: `serialize_positional` writes a variant as `[tag, fields…]`,
+/// which [`deserialize_positional`] reads.
 #[macro_export]
 macro_rules! tagged_newtype_enum {
     ($enum:ident, $tag:literal, $name_method:ident, { $( $name:literal => $variant:ident ),* $(,)? }) => {
@@ -193,7 +215,7 @@ macro_rules! tagged_newtype_enum {
             /// Writes the variant as an array: its tag value, then its fields in declaration order.
             pub(crate) fn serialize_positional<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 match self {
-                    $( $enum::$variant(fields) => $crate::stages::positional::tagged_tuple(serializer, $name, fields), )*
+                    $( $enum::$variant(fields) => $crate::decode::tagged_tuple(serializer, $name, fields), )*
                 }
             }
         }

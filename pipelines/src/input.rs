@@ -168,9 +168,10 @@ pub struct StatementLine {
 }
 
 /// The command structs: each reads and writes by its field names (SPEC §5), and writes its fields by
-/// position too, in declaration order, for a command inside a stage message (`stages::positional`). So a
-/// field is never skipped or flattened here, and a new one goes last with `#[serde(default)]`: messages
-/// written before it leave it off, and `decode::deserialize_positional` then takes the default.
+/// position too, in declaration order, for a command inside a stage message
+/// (`decode::PositionalFields`, `stages::positional`). So a field is never skipped or flattened here,
+/// and a new one goes last with `#[serde(default)]`: messages written before it leave it off, and
+/// `decode::deserialize_positional` then takes the default.
 macro_rules! input_structs {
     ($( $(#[$meta:meta])* $name:ident { $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)? } )*) => {
         $(
@@ -179,7 +180,7 @@ macro_rules! input_structs {
             #[serde(deny_unknown_fields)]
             pub struct $name { $( $(#[$fmeta])* pub $field: $ty ),* }
 
-            impl $crate::stages::positional::PositionalFields for $name {
+            impl $crate::decode::PositionalFields for $name {
                 const COUNT: usize = <[&str]>::len(&[$(stringify!($field)),*]);
 
                 // `_tuple`: `Tick` has no fields to write into it.

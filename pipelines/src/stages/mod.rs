@@ -7,7 +7,7 @@ pub mod agent;
 pub mod merchant;
 pub mod order;
 /// `Serialize` of the messages below and their parts: fields by position, not by name.
-pub(crate) mod positional;
+mod positional;
 
 use crate::input::{CancelledBy, Command, Party};
 use crate::money::Money;

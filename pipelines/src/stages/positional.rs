@@ -29,29 +29,10 @@ use crate::input::Command;
 use serde::ser::{SerializeTuple, SerializeTupleVariant};
 use serde::{Serialize, Serializer};
 
-/// A command's fields, written by position (`crate::input`'s structs; their macro implements it).
-pub(crate) trait PositionalFields {
-    /// How many fields the struct has.
-    const COUNT: usize;
-    /// Writes every field, in declaration order.
-    fn serialize_fields<T: SerializeTuple>(&self, tuple: &mut T) -> Result<(), T::Error>;
-}
-
-/// Writes `[tag, fields…]`: a command's variant as `Command::serialize_positional` writes it.
-pub(crate) fn tagged_tuple<S: Serializer, F: PositionalFields>(
-    serializer: S,
-    tag: &'static str,
-    fields: &F,
-) -> Result<S::Ok, S::Error> {
-    let mut tuple = serializer.serialize_tuple(1 + F::COUNT)?;
-    tuple.serialize_element(tag)?;
-    fields.serialize_fields(&mut tuple)?;
-    tuple.end()
-}
-
 /// A command inside a message (`Input` of a body): `["collection_created","c0-0","m0","100.00",…]`
-/// for `{"type":"collection_created","order_id":"c0-0",…}`, read back by
-/// `crate::decode::deserialize_positional`, which reads the object form too.
+/// for `{"type":"collection_created","order_id":"c0-0",…}`. That form, written and read, is
+/// `crate::decode`'s (`Command::serialize_positional`, `deserialize_positional`, which reads the object
+/// form too); this chooses which commands take it.
 ///
 /// A `crawl_result` keeps its object form: the connector writes its record around the provider's page
 /// text, spliced in at `"lines":[]` (`connectors::embedded::connector_loop`), and its bytes are nearly
