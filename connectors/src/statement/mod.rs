@@ -2,6 +2,7 @@
 //! calls to the provider, and its answers become `crawl_result` inputs.
 //!
 //! - `config`: [`StatementConfig`], the deployment's settings (base URL, timeouts, bounds).
+//! - `client`: the HTTP/1.1 calls themselves (hyper connections, deadlines, bounded bodies).
 //! - `source`: [`StatementConnector`], one call per request, failures mapped to [`CrawlError`]s:
 //!
 //! | answer | list (`order_check`, `reservoir`) | detail |
@@ -17,6 +18,7 @@
 //!
 //! [`CrawlError`]: pipelines::input::CrawlError
 
+mod client;
 mod config;
 mod source;
 

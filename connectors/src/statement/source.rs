@@ -2,11 +2,12 @@
 //! (SPEC §10) and its answer into a `crawl_result`. It never fails and never retries: every failure is
 //! an error answer, and the agent stage decides when to ask again (R-CHK-3, R-PEND-1).
 
+use super::client::{Answered, ProviderClient};
 use super::config::StatementConfig;
+use hyper::StatusCode;
 use pipelines::input::{CrawlError, CrawlResult, Provider, StatementLine};
 use pipelines::output::{CrawlMode, CrawlRequested, PageOrder};
 use pipelines::Timestamp;
-use reqwest::StatusCode;
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -22,8 +23,6 @@ pub enum ConnectorError {
     BaseUrl { url: String, reason: String },
     #[error("invalid statement connector setting `{field}`: {reason}")]
     Setting { field: &'static str, reason: String },
-    #[error("cannot build the HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
 }
 
 /// The two kinds of provider call; they map failures differently (SPEC §10).
@@ -93,20 +92,21 @@ pub struct Crawled {
     pub lines_json: Option<Vec<u8>>,
 }
 
-/// A planned call: its kind, its URL and the most lines its answer may carry.
+/// A planned call: its kind, its request target (the URL's path and query) and the most lines its
+/// answer may carry.
 struct Plan {
     call: Call,
-    url: reqwest::Url,
+    target: String,
     lines_max: usize,
 }
 
-/// The statement-provider connector: one HTTP client (its connection pool shared by every card) and a
+/// The statement-provider connector: one HTTP client (its connections shared by every card) and a
 /// bound on concurrent calls per wallet provider.
 pub struct StatementConnector {
-    /// The provider's base URL, parsed once: each call's URL is a copy of it with its own path and
-    /// query, so no call parses a host again.
+    /// The provider's base URL, parsed once: each call's target is its path with the call's own path
+    /// and query after it.
     base_url: reqwest::Url,
-    client: reqwest::Client,
+    client: ProviderClient,
     /// One semaphore per `Provider`, indexed by `provider as usize`.
     slots: [Semaphore; Provider::ALL.len()],
     page_limit_max: u32,
@@ -119,20 +119,19 @@ impl StatementConnector {
         if let Some((field, reason)) = config.invalid_field() {
             return Err(ConnectorError::Setting { field, reason });
         }
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            // One call per request (no hidden retries): a redirect would be a second call.
-            .redirect(reqwest::redirect::Policy::none())
-            // reqwest retries protocol refusals (HTTP/2's REFUSED_STREAM, GOAWAY) by default; this build
-            // speaks HTTP/1 only, so nothing is retried today, but that must not depend on a feature
-            // flag. With no retry allowed, reqwest also stops copying each request in case it retries.
-            .retry(reqwest::retry::never().max_retries_per_request(0))
-            .build()
-            .map_err(ConnectorError::Client)?;
+        let base_url = base_url(&config.base_url)?;
         let permits = config.concurrent_requests_per_provider_max as usize;
+        let (address, host) = provider_address(&base_url)?;
+        // A connection is busy with one call at a time, so as many stay open as calls may be in flight.
+        let client = ProviderClient::new(
+            address,
+            host,
+            permits * Provider::ALL.len(),
+            Duration::from_millis(config.connect_timeout_ms),
+            Duration::from_millis(config.request_timeout_ms),
+        );
         Ok(StatementConnector {
-            base_url: base_url(&config.base_url)?,
+            base_url,
             client,
             slots: std::array::from_fn(|_| Semaphore::new(permits)),
             page_limit_max: config.page_limit_max,
@@ -185,9 +184,8 @@ impl StatementConnector {
         answer
     }
 
-    /// The call `request` needs, or the error to answer without calling. The URL is the base URL with
-    /// the call's path and query set: parsing each call's whole URL text (its host included) was
-    /// ≈ 0.8 % of the serve benchmark's CPU samples (`perf`), one call per crawl.
+    /// The call `request` needs, or the error to answer without calling. Its target is written from the
+    /// base URL's path and the request's fields, percent-encoded; no URL is parsed per call.
     fn plan(&self, request: &CrawlRequested) -> Result<Plan, CrawlError> {
         let call = if request.mode == CrawlMode::Detail { Call::Detail } else { Call::List };
         let unreachable = |what: &str, id: &str| {
@@ -203,7 +201,7 @@ impl StatementConnector {
         }
         // Each call's path starts with the base URL's, without its trailing `/`.
         let base_path = self.base_url.path().trim_end_matches('/');
-        let mut path = String::with_capacity(base_path.len() + URL_PATH_AND_QUERY_BYTES_TYPICAL);
+        let mut path = String::with_capacity(base_path.len() + URL_PATH_AND_QUERY_BYTES_TYPICAL * 2);
         path.push_str(base_path);
         path.push_str("/v1/cards/");
         push_percent_encoded(&mut path, &request.card_id);
@@ -212,24 +210,26 @@ impl StatementConnector {
             path.push('/');
             push_percent_encoded(&mut path, txn_id);
         }
-        let mut url = self.base_url.clone();
-        url.set_path(&path);
         let lines_max = match call {
             Call::Detail => 1,
             Call::List => {
                 let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
                 let query = list_query(request.order, request.from, limit);
-                url.set_query((!query.is_empty()).then_some(query.as_str()));
+                if !query.is_empty() {
+                    path.push('?');
+                    path.push_str(&query);
+                }
                 limit.unwrap_or(self.page_limit_max) as usize
             }
         };
-        Ok(Plan { call, url, lines_max })
+        Ok(Plan { call, target: path, lines_max })
     }
 
     /// The URL [`Self::plan`] calls for `request` (what the tests check), None where it refuses.
     #[cfg(test)]
     pub(super) fn planned_url(&self, request: &CrawlRequested) -> Option<reqwest::Url> {
-        self.plan(request).ok().map(|plan| plan.url)
+        let plan = self.plan(request).ok()?;
+        self.base_url.join(&plan.target).ok()
     }
 
     /// One GET; the body of a 200, or the error its status or failure means.
@@ -240,25 +240,18 @@ impl StatementConnector {
         as_of: Option<Timestamp>,
     ) -> Result<Vec<u8>, CrawlError> {
         let request_id = &request.request_id;
-        let mut call = self.client.get(plan.url.clone());
-        if let Some(as_of) = as_of {
-            call = call.header(super::AS_OF_HEADER, as_of.to_string());
-        }
-        let response = call.send().await.map_err(|error| {
-            tracing::warn!(%request_id, url = %plan.url, timeout = error.is_timeout(), "provider call failed: {error}");
+        let target = &plan.target;
+        let Answered { status, body } = self.client.get(target, as_of).await.map_err(|error| {
+            tracing::warn!(%request_id, %target, "provider call failed: {error}");
             plan.call.failure()
         })?;
-        let status = response.status();
         if status == StatusCode::OK {
-            return read_body(response).await.map_err(|reason| {
-                tracing::warn!(%request_id, url = %plan.url, "provider answer unreadable: {reason}");
-                plan.call.failure()
-            });
+            return Ok(body);
         }
         if plan.call.status_expected(status) {
-            tracing::debug!(%request_id, url = %plan.url, %status, "provider refused");
+            tracing::debug!(%request_id, %target, %status, "provider refused");
         } else {
-            tracing::warn!(%request_id, url = %plan.url, %status, "provider answered an unexpected status");
+            tracing::warn!(%request_id, %target, %status, "provider answered an unexpected status");
         }
         Err(plan.call.status_error(status))
     }
@@ -270,8 +263,8 @@ fn base_url(text: &str) -> Result<reqwest::Url, ConnectorError> {
     let url = reqwest::Url::parse(text).map_err(|error| refuse(&error.to_string()))?;
     match url.scheme() {
         "http" => {}
-        // The workspace builds reqwest without TLS; failing here beats failing every call later.
-        "https" => return Err(refuse("https is not supported by this build (reqwest has no TLS backend)")),
+        // The connector speaks plain HTTP/1.1; failing here beats failing every call later.
+        "https" => return Err(refuse("https is not supported by this build (the connector has no TLS)")),
         _ => return Err(refuse("the scheme must be http")),
     }
     if url.host_str().is_none() {
@@ -281,6 +274,21 @@ fn base_url(text: &str) -> Result<reqwest::Url, ConnectorError> {
         return Err(refuse("a base URL takes no query or fragment"));
     }
     Ok(url)
+}
+
+/// Where the provider at `base_url` is connected to (`host:port`), and its `Host` header (the port
+/// only when it is not the scheme's).
+fn provider_address(base_url: &reqwest::Url) -> Result<(String, hyper::header::HeaderValue), ConnectorError> {
+    let refuse = |reason: &str| ConnectorError::BaseUrl { url: base_url.to_string(), reason: reason.to_string() };
+    let host = base_url.host_str().ok_or_else(|| refuse("no host"))?;
+    let port = base_url.port_or_known_default().ok_or_else(|| refuse("no port"))?;
+    let header = match base_url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    };
+    let header =
+        hyper::header::HeaderValue::try_from(header).map_err(|_| refuse("the host cannot be a Host header"))?;
+    Ok((format!("{host}:{port}"), header))
 }
 
 /// A list call's query (SPEC §10): `order`, `from` and `limit`, each only when asked, percent-encoded.
@@ -309,23 +317,6 @@ fn list_query(order: Option<PageOrder>, from: Option<Timestamp>, limit: Option<u
     query
 }
 
-/// The body of a 200, at most `RESPONSE_BYTES_MAX` bytes.
-async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
-    let announced = response.content_length().unwrap_or(0);
-    if announced > RESPONSE_BYTES_MAX as u64 {
-        return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
-    }
-    // Room for the whole body when its length is announced (a page is read in a few chunks).
-    let mut body = Vec::with_capacity(announced as usize);
-    while let Some(chunk) = response.chunk().await.map_err(|error| error.to_string())? {
-        if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
-            return Err(format!("body larger than {RESPONSE_BYTES_MAX} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
 /// A 200's body as the statement page or line the call expects; anything else is a failed call.
 fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<Answer, CrawlError> {
     let parsed = match plan.call {
@@ -333,7 +324,7 @@ fn parse_answer(plan: &Plan, request: &CrawlRequested, body: &[u8]) -> Result<An
         Call::Detail => parse_detail(body, request.txn_id.as_deref().unwrap_or_default()),
     };
     parsed.map_err(|reason| {
-        tracing::warn!(request_id = %request.request_id, url = %plan.url, "malformed provider answer: {reason}");
+        tracing::warn!(request_id = %request.request_id, target = %plan.target, "malformed provider answer: {reason}");
         plan.call.failure()
     })
 }

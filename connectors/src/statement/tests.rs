@@ -582,3 +582,166 @@ fn a_calls_url_is_the_base_url_with_the_calls_path_and_query() {
         assert_eq!(connector.planned_url(&list("..", None, None, None)), None);
     }
 }
+
+/// A provider written by hand, to watch the client's connections: it counts those it accepted and
+/// those that ended, answers each request with what `answer` gives for its number (from 0, over all
+/// connections), holds every answer until `hold_until` requests have arrived, and closes a connection
+/// after its first answer when `close_after_answer` is set.
+struct RawProvider {
+    address: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ended: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn start_raw_provider(
+    answer: fn(usize) -> (u16, String),
+    hold_until: usize,
+    close_after_answer: bool,
+) -> RawProvider {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (accepted, ended, requests) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let provider = RawProvider { address, accepted: accepted.clone(), ended: ended.clone() };
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let (ended, requests, arrived) = (ended.clone(), requests.clone(), arrived.clone());
+            tokio::spawn(async move {
+                let mut received = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    // A GET has no body: a request is everything up to its blank line.
+                    let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") else {
+                        match stream.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(read) => received.extend_from_slice(&buffer[..read]),
+                        }
+                        continue;
+                    };
+                    received.drain(..end + 4);
+                    let number = requests.fetch_add(1, Ordering::SeqCst);
+                    arrived.notify_waiters();
+                    while requests.load(Ordering::SeqCst) < hold_until {
+                        let notified = arrived.notified();
+                        if requests.load(Ordering::SeqCst) >= hold_until {
+                            break;
+                        }
+                        notified.await;
+                    }
+                    let (status, body) = answer(number);
+                    let response = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                    if stream.write_all(response.as_bytes()).await.is_err() || close_after_answer {
+                        break;
+                    }
+                }
+                ended.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    provider
+}
+
+impl RawProvider {
+    fn client(&self, idle_connections_max: usize) -> super::client::ProviderClient {
+        let host = hyper::header::HeaderValue::try_from(self.address.to_string()).unwrap();
+        super::client::ProviderClient::new(
+            self.address.to_string(),
+            host,
+            idle_connections_max,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn ended(&self) -> usize {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+const EMPTY_PAGE: &str = r#"{"transactions":[],"next_from":null}"#;
+
+/// Calls one after another share one connection, whatever their status: a refusal's body is read too,
+/// so the connection is ready for the next call.
+#[tokio::test]
+async fn calls_in_turn_share_one_connection_whatever_their_status() {
+    let provider = start_raw_provider(
+        |number| if number % 2 == 0 { (429, r#"{"error":"busy"}"#.into()) } else { (200, EMPTY_PAGE.into()) },
+        0,
+        false,
+    )
+    .await;
+    let client = provider.client(4);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let answered = client.get("/v1/cards/c1/transactions", None).await.expect("an answer");
+        statuses.push(answered.status.as_u16());
+        let expected = if answered.status == 200 { EMPTY_PAGE } else { r#"{"error":"busy"}"# };
+        assert_eq!(answered.body, expected.as_bytes());
+    }
+    assert_eq!(statuses, [429, 200, 429, 200]);
+    assert_eq!(provider.accepted(), 1, "one connection for four calls in turn");
+}
+
+/// A connection the provider closed while it was idle is not used again: the next call opens another.
+#[tokio::test]
+async fn a_connection_the_provider_closed_is_replaced() {
+    let provider = start_raw_provider(|_| (200, EMPTY_PAGE.into()), 0, true).await;
+    let client = provider.client(4);
+    for call in 1..=3 {
+        let answered = client.get("/v1/cards/c1/transactions", None).await.expect("an answer");
+        assert_eq!(answered.status, 200, "call {call}");
+        // Let the client see the close before the next call takes a connection.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while provider.ended() < call && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(provider.accepted(), 3, "each call on a connection of its own");
+}
+
+/// Connections beyond `idle_connections_max` are closed once their call is answered, and a kept one
+/// serves the next call.
+#[tokio::test]
+async fn idle_connections_beyond_the_bound_are_closed() {
+    // Three calls at once: the provider answers none before all three arrived, so each has its own
+    // connection.
+    let provider = start_raw_provider(|_| (200, EMPTY_PAGE.into()), 3, false).await;
+    let client = provider.client(1);
+    let target = "/v1/cards/c1/transactions";
+    let (first, second, third) =
+        tokio::join!(client.get(target, None), client.get(target, None), client.get(target, None));
+    for answered in [first, second, third] {
+        assert_eq!(answered.expect("an answer").status, 200);
+    }
+    assert_eq!(provider.accepted(), 3);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while provider.ended() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(provider.ended(), 2, "two of the three connections closed, one kept");
+    let answered = client.get("/v1/cards/c1/transactions", None).await.expect("an answer");
+    assert_eq!(answered.status, 200);
+    assert_eq!(provider.accepted(), 3, "the kept connection served the next call");
+}
+
+/// A body announced larger than `RESPONSE_BYTES_MAX` is refused before it is read, and the connector
+/// answers the call's failure.
+#[tokio::test]
+async fn a_body_over_the_bound_is_a_failure() {
+    let provider = start_raw_provider(|_| (200, " ".repeat(super::RESPONSE_BYTES_MAX + 1)), 0, false).await;
+    let error = provider.client(1).get("/v1/cards/c1/transactions", None).await.err();
+    assert!(matches!(error, Some(super::client::CallError::BodyTooLarge)), "{error:?}");
+    let connector = StatementConnector::new(&StatementConfig::new(format!("http://{}", provider.address))).unwrap();
+    assert_error(&connector.crawl(&list("c1", None, None, None)).await, CrawlError::UpstreamBusy);
+}
