@@ -199,16 +199,17 @@ impl StatementConnector {
         if call == Call::Detail && !is_path_segment(txn_id) {
             return Err(unreachable("txn id", txn_id));
         }
-        // Each call's path starts with the base URL's, without its trailing `/`.
+        // Each call's path starts with the base URL's, without its trailing `/`; room for the call's
+        // own path and its query after it.
         let base_path = self.base_url.path().trim_end_matches('/');
-        let mut path = String::with_capacity(base_path.len() + URL_PATH_AND_QUERY_BYTES_TYPICAL * 2);
-        path.push_str(base_path);
-        path.push_str("/v1/cards/");
-        push_percent_encoded(&mut path, &request.card_id);
-        path.push_str("/transactions");
+        let mut target = String::with_capacity(base_path.len() + 2 * URL_PATH_AND_QUERY_BYTES_TYPICAL);
+        target.push_str(base_path);
+        target.push_str("/v1/cards/");
+        push_percent_encoded(&mut target, &request.card_id);
+        target.push_str("/transactions");
         if call == Call::Detail {
-            path.push('/');
-            push_percent_encoded(&mut path, txn_id);
+            target.push('/');
+            push_percent_encoded(&mut target, txn_id);
         }
         let lines_max = match call {
             Call::Detail => 1,
@@ -216,13 +217,13 @@ impl StatementConnector {
                 let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
                 let query = list_query(request.order, request.from, limit);
                 if !query.is_empty() {
-                    path.push('?');
-                    path.push_str(&query);
+                    target.push('?');
+                    target.push_str(&query);
                 }
                 limit.unwrap_or(self.page_limit_max) as usize
             }
         };
-        Ok(Plan { call, target: path, lines_max })
+        Ok(Plan { call, target, lines_max })
     }
 
     /// The URL [`Self::plan`] calls for `request` (what the tests check), None where it refuses.
