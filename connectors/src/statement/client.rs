@@ -66,23 +66,30 @@ pub(super) struct ProviderClient {
 }
 
 impl ProviderClient {
-    /// A client of the provider at `address` (`host:port`) named `host` in each call.
+    /// A client of the provider at `base_url` (its host and port; the connector writes the path of
+    /// each call), or why the URL names no host to connect to.
     pub(super) fn new(
-        address: String,
-        host: HeaderValue,
+        base_url: &reqwest::Url,
         idle_connections_max: usize,
         connect_timeout: Duration,
         request_timeout: Duration,
-    ) -> ProviderClient {
+    ) -> Result<ProviderClient, &'static str> {
         assert!(idle_connections_max > 0, "a client keeps at least one connection");
-        ProviderClient {
-            address,
-            host,
+        let host = base_url.host_str().ok_or("no host")?;
+        let port = base_url.port_or_known_default().ok_or("no port")?;
+        // The port is named only when it is not the scheme's, as a browser writes `Host`.
+        let host_header = match base_url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        Ok(ProviderClient {
+            address: format!("{host}:{port}"),
+            host: HeaderValue::try_from(host_header).map_err(|_| "the host cannot be a Host header")?,
             idle: Mutex::new(Vec::with_capacity(idle_connections_max)),
             idle_connections_max,
             connect_timeout,
             request_timeout,
-        }
+        })
     }
 
     /// `GET target` (a path and query), with the as-of header when given; the whole answer within

@@ -121,15 +121,14 @@ impl StatementConnector {
         }
         let base_url = base_url(&config.base_url)?;
         let permits = config.concurrent_requests_per_provider_max as usize;
-        let (address, host) = provider_address(&base_url)?;
         // A connection is busy with one call at a time, so as many stay open as calls may be in flight.
         let client = ProviderClient::new(
-            address,
-            host,
+            &base_url,
             permits * Provider::ALL.len(),
             Duration::from_millis(config.connect_timeout_ms),
             Duration::from_millis(config.request_timeout_ms),
-        );
+        )
+        .map_err(|reason| ConnectorError::BaseUrl { url: config.base_url.clone(), reason: reason.to_string() })?;
         Ok(StatementConnector {
             base_url,
             client,
@@ -215,11 +214,7 @@ impl StatementConnector {
             Call::Detail => 1,
             Call::List => {
                 let limit = request.limit.map(|limit| limit.min(self.page_limit_max));
-                let query = list_query(request.order, request.from, limit);
-                if !query.is_empty() {
-                    target.push('?');
-                    target.push_str(&query);
-                }
+                push_list_query(&mut target, request.order, request.from, limit);
                 limit.unwrap_or(self.page_limit_max) as usize
             }
         };
@@ -277,45 +272,28 @@ fn base_url(text: &str) -> Result<reqwest::Url, ConnectorError> {
     Ok(url)
 }
 
-/// Where the provider at `base_url` is connected to (`host:port`), and its `Host` header (the port
-/// only when it is not the scheme's).
-fn provider_address(base_url: &reqwest::Url) -> Result<(String, hyper::header::HeaderValue), ConnectorError> {
-    let refuse = |reason: &str| ConnectorError::BaseUrl { url: base_url.to_string(), reason: reason.to_string() };
-    let host = base_url.host_str().ok_or_else(|| refuse("no host"))?;
-    let port = base_url.port_or_known_default().ok_or_else(|| refuse("no port"))?;
-    let header = match base_url.port() {
-        Some(port) => format!("{host}:{port}"),
-        None => host.to_string(),
-    };
-    let header =
-        hyper::header::HeaderValue::try_from(header).map_err(|_| refuse("the host cannot be a Host header"))?;
-    Ok((format!("{host}:{port}"), header))
-}
-
-/// A list call's query (SPEC §10): `order`, `from` and `limit`, each only when asked, percent-encoded.
-/// Empty when none is asked.
-fn list_query(order: Option<PageOrder>, from: Option<Timestamp>, limit: Option<u32>) -> String {
-    let mut query = String::with_capacity(URL_PATH_AND_QUERY_BYTES_TYPICAL);
-    let parameter = |query: &mut String, name: &str| {
-        if !query.is_empty() {
-            query.push('&');
-        }
-        query.push_str(name);
-        query.push('=');
+/// Appends a list call's query (SPEC §10) to `target`: `order`, `from` and `limit`, each only when
+/// asked, percent-encoded, after a `?`; nothing when none is asked.
+fn push_list_query(target: &mut String, order: Option<PageOrder>, from: Option<Timestamp>, limit: Option<u32>) {
+    let mut separator = '?';
+    let mut parameter = |target: &mut String, name: &str| {
+        target.push(separator);
+        separator = '&';
+        target.push_str(name);
+        target.push('=');
     };
     if let Some(order) = order {
-        parameter(&mut query, "order");
-        query.push_str(if order == PageOrder::Asc { "asc" } else { "desc" });
+        parameter(target, "order");
+        target.push_str(if order == PageOrder::Asc { "asc" } else { "desc" });
     }
     if let Some(from) = from {
-        parameter(&mut query, "from");
-        push_percent_encoded(&mut query, &from.to_string());
+        parameter(target, "from");
+        push_percent_encoded(target, &from.to_string());
     }
     if let Some(limit) = limit {
-        parameter(&mut query, "limit");
-        query.push_str(&limit.to_string());
+        parameter(target, "limit");
+        target.push_str(&limit.to_string());
     }
-    query
 }
 
 /// A 200's body as the statement page or line the call expects; anything else is a failed call.

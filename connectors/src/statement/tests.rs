@@ -593,6 +593,16 @@ struct RawProvider {
     ended: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// What a [`RawProvider`] answers, and how (shared by its connections).
+#[derive(Clone)]
+struct RawAnswers {
+    answer: fn(usize) -> (u16, String),
+    hold_until: usize,
+    close_after_answer: bool,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    arrived: std::sync::Arc<tokio::sync::Notify>,
+}
+
 async fn start_raw_provider(
     answer: fn(usize) -> (u16, String),
     hold_until: usize,
@@ -600,46 +610,19 @@ async fn start_raw_provider(
 ) -> RawProvider {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let (accepted, ended, requests) =
-        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let arrived = Arc::new(tokio::sync::Notify::new());
+    let (accepted, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let provider = RawProvider { address, accepted: accepted.clone(), ended: ended.clone() };
+    let answers =
+        RawAnswers { answer, hold_until, close_after_answer, requests: Arc::default(), arrived: Arc::default() };
     tokio::spawn(async move {
         loop {
-            let (mut stream, _) = listener.accept().await.unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
             accepted.fetch_add(1, Ordering::SeqCst);
-            let (ended, requests, arrived) = (ended.clone(), requests.clone(), arrived.clone());
+            let (answers, ended) = (answers.clone(), ended.clone());
             tokio::spawn(async move {
-                let mut received = Vec::new();
-                let mut buffer = [0u8; 4096];
-                loop {
-                    // A GET has no body: a request is everything up to its blank line.
-                    let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") else {
-                        match stream.read(&mut buffer).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(read) => received.extend_from_slice(&buffer[..read]),
-                        }
-                        continue;
-                    };
-                    received.drain(..end + 4);
-                    let number = requests.fetch_add(1, Ordering::SeqCst);
-                    arrived.notify_waiters();
-                    while requests.load(Ordering::SeqCst) < hold_until {
-                        let notified = arrived.notified();
-                        if requests.load(Ordering::SeqCst) >= hold_until {
-                            break;
-                        }
-                        notified.await;
-                    }
-                    let (status, body) = answer(number);
-                    let response = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-                    if stream.write_all(response.as_bytes()).await.is_err() || close_after_answer {
-                        break;
-                    }
-                }
+                serve_raw_connection(stream, answers).await;
                 ended.fetch_add(1, Ordering::SeqCst);
             });
         }
@@ -647,16 +630,50 @@ async fn start_raw_provider(
     provider
 }
 
+/// Answers the requests of one connection until the client closes it (or after the first answer).
+async fn serve_raw_connection(mut stream: tokio::net::TcpStream, answers: RawAnswers) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        // A GET has no body: a request is everything up to its blank line.
+        let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") else {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => received.extend_from_slice(&buffer[..read]),
+            }
+            continue;
+        };
+        received.drain(..end + 4);
+        let number = answers.requests.fetch_add(1, Ordering::SeqCst);
+        answers.arrived.notify_waiters();
+        while answers.requests.load(Ordering::SeqCst) < answers.hold_until {
+            // Registered before the check, so an arrival between the two still wakes it.
+            let notified = answers.arrived.notified();
+            if answers.requests.load(Ordering::SeqCst) >= answers.hold_until {
+                break;
+            }
+            notified.await;
+        }
+        let (status, body) = (answers.answer)(number);
+        let response = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        if stream.write_all(response.as_bytes()).await.is_err() || answers.close_after_answer {
+            return;
+        }
+    }
+}
+
 impl RawProvider {
     fn client(&self, idle_connections_max: usize) -> super::client::ProviderClient {
-        let host = hyper::header::HeaderValue::try_from(self.address.to_string()).unwrap();
+        let base_url = reqwest::Url::parse(&format!("http://{}", self.address)).unwrap();
         super::client::ProviderClient::new(
-            self.address.to_string(),
-            host,
+            &base_url,
             idle_connections_max,
             Duration::from_secs(1),
             Duration::from_secs(5),
         )
+        .unwrap()
     }
 
     fn accepted(&self) -> usize {
@@ -665,6 +682,15 @@ impl RawProvider {
 
     fn ended(&self) -> usize {
         self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (up to 2 s) until `count` connections have ended; the count then.
+    async fn ended_after_waiting_for(&self, count: usize) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.ended() < count && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.ended()
     }
 }
 
@@ -701,10 +727,7 @@ async fn a_connection_the_provider_closed_is_replaced() {
         let answered = client.get("/v1/cards/c1/transactions", None).await.expect("an answer");
         assert_eq!(answered.status, 200, "call {call}");
         // Let the client see the close before the next call takes a connection.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while provider.ended() < call && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        provider.ended_after_waiting_for(call).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(provider.accepted(), 3, "each call on a connection of its own");
@@ -725,11 +748,7 @@ async fn idle_connections_beyond_the_bound_are_closed() {
         assert_eq!(answered.expect("an answer").status, 200);
     }
     assert_eq!(provider.accepted(), 3);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while provider.ended() < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(provider.ended(), 2, "two of the three connections closed, one kept");
+    assert_eq!(provider.ended_after_waiting_for(2).await, 2, "two of the three connections closed, one kept");
     let answered = client.get("/v1/cards/c1/transactions", None).await.expect("an answer");
     assert_eq!(answered.status, 200);
     assert_eq!(provider.accepted(), 3, "the kept connection served the next call");
