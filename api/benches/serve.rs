@@ -17,8 +17,10 @@
 //! build's (e.g. `target/pgo/release/paisa` from `deploy/pgo build`); `BENCH_WARMUP_ROUNDS=N` first
 //! posts `N` earlier rounds of the same agents, untimed, and waits until they are processed, so that the
 //! timed phase measures a running service (its state and memory already grown) instead of a fresh one;
-//! `BENCH_CLIENT=reqwest` reads orders and posts one event per request with reqwest's blocking client,
-//! as the rounds before the twenty-ninth did (default `ureq`, see [`SmallRequests`]);
+//! `BENCH_CLIENT=reqwest` sends the timed phases' requests (the bulk posts, the lag polls, the order
+//! reads and the one-event posts) with reqwest's blocking client, as the rounds before the twenty-ninth
+//! did for all of them and those up to the fifty-fifth for the bulk posts and lag polls (default `ureq`,
+//! see [`Requests`]);
 //! `BENCH_PREFAULT_MIB=N` starts `paisa serve` with `--memory-prefault-mib N` (see [`PREFAULT_MIB`]),
 //! `BENCH_SIM_PREFAULT_MIB=N` `paisa wallet-sim` (see [`SIM_PREFAULT_MIB`]);
 //! `BENCH_BULK_INPUTS=N` posts chunks of `N` inputs instead of 1,000 (see [`BULK_INPUTS`]);
@@ -133,13 +135,13 @@ fn is_wallet(input: &Input) -> bool {
 /// round up to the thirty-ninth measured: there the simulator's requests — the outside world's
 /// statement lines, not the service's work — counted against the service's throughput while the
 /// service waited for its next request.
-fn post_all(client: &reqwest::blocking::Client, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+fn post_all(requests: &Requests, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
     // Each chunk split once into (wallet events, the service's events).
     let chunks: Vec<(Vec<&Input>, Vec<&Input>)> = inputs
         .chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1))
         .map(|chunk| chunk.iter().partition(|input| is_wallet(input)))
         .collect();
-    let endpoints = Endpoints { client, serve, wallet_sim };
+    let endpoints = Endpoints { requests, serve, wallet_sim };
     let serial = std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok();
     let posting = if serial { endpoints.post_serially(&chunks) } else { endpoints.post_at_once(&chunks) };
     println!(
@@ -159,7 +161,7 @@ struct Posting {
 
 /// Where posting sends its requests: the simulator's wallet lines and the service's events.
 struct Endpoints<'a> {
-    client: &'a reqwest::blocking::Client,
+    requests: &'a Requests,
     serve: &'a str,
     wallet_sim: &'a str,
 }
@@ -212,7 +214,7 @@ impl Endpoints<'_> {
             if let Some(body) = body_of(events) {
                 posting.serve_time += self.post_events(body);
                 if paced {
-                    wait_quiescent(self.client, self.serve);
+                    wait_quiescent(self.requests, self.serve);
                 }
             }
         }
@@ -221,24 +223,13 @@ impl Endpoints<'_> {
 
     /// Posts wallet lines to the simulator; how long the request took.
     fn post_wallet_lines(&self, body: Vec<u8>) -> Duration {
-        let request = self.client.post(format!("{}/sim/v1/events", self.wallet_sim));
-        expect_accepted(request, body, "wallet events")
+        self.requests.post_bulk(&format!("{}/sim/v1/events", self.wallet_sim), body, "wallet events")
     }
 
     /// Posts events to the service; how long the request took.
     fn post_events(&self, body: Vec<u8>) -> Duration {
-        let request = self.client.post(format!("{}/v1/events", self.serve)).bearer_auth(ADMIN_KEY);
-        expect_accepted(request, body, "events")
+        self.requests.post_bulk(&format!("{}/v1/events", self.serve), body, "events")
     }
-}
-
-/// Sends a JSON body, fails the benchmark on any answer but a success, and returns how long the request
-/// took (sending to the answer read).
-fn expect_accepted(request: reqwest::blocking::RequestBuilder, body: Vec<u8>, what: &str) -> Duration {
-    let request_started = Instant::now();
-    let response = request.header("content-type", "application/json").body(body).send().expect(what);
-    assert!(response.status().is_success(), "{what}: {}", response.text().unwrap_or_default());
-    request_started.elapsed()
 }
 
 /// A chunk's request body: its inputs as a JSON array, None for an empty chunk (no request).
@@ -265,9 +256,8 @@ fn encode_ahead<'scope, 'chunks: 'scope>(
     encoded
 }
 
-fn lag(client: &reqwest::blocking::Client, serve: &str) -> u64 {
-    let answer: Value =
-        client.get(format!("{serve}/v1/admin/lag")).bearer_auth(ADMIN_KEY).send().expect("lag").json().expect("JSON");
+fn lag(requests: &Requests, serve: &str) -> u64 {
+    let answer: Value = serde_json::from_str(&requests.get(&format!("{serve}/v1/admin/lag"))).expect("JSON");
     answer["lag"].as_u64().expect("a number")
 }
 
@@ -287,11 +277,11 @@ fn prefault_arguments(process: &str, variable: &str, default_mib: usize) -> Vec<
 /// service, so not much shorter. Until the forty-seventh round 20 ms: ≈ 2 % of the phase on average.
 const QUIESCENT_POLL_MS: u64 = 5;
 
-fn wait_quiescent(client: &reqwest::blocking::Client, serve: &str) {
+fn wait_quiescent(requests: &Requests, serve: &str) {
     let trace = std::env::var("BENCH_TRACE").is_ok();
     let started = Instant::now();
     loop {
-        let lag = lag(client, serve);
+        let lag = lag(requests, serve);
         if trace {
             println!("  {:>6.2} s: lag {lag}", started.elapsed().as_secs_f64());
         }
@@ -453,10 +443,11 @@ fn main() {
     serve_args.extend(serve_prefault.iter().map(String::as_str));
     let serve = start(&serve_args, &[]);
     let client = http_client();
+    let requests = Requests::new();
     if !warmup.is_empty() {
         let started = Instant::now();
-        let posted = post_all(&client, &serve.base, &wallet_sim.base, warmup);
-        wait_quiescent(&client, &serve.base);
+        let posted = post_all(&requests, &serve.base, &wallet_sim.base, warmup);
+        wait_quiescent(&requests, &serve.base);
         println!(
             "warm-up: {warmup_rounds} rounds, {posted} events through the API in {:.2} s (untimed)",
             started.elapsed().as_secs_f64()
@@ -467,9 +458,9 @@ fn main() {
     let serve_threads_before = cpu_by_thread(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
     let started = Instant::now();
-    let posted = post_all(&client, &serve.base, &wallet_sim.base, first);
+    let posted = post_all(&requests, &serve.base, &wallet_sim.base, first);
     let posted_after = started.elapsed();
-    wait_quiescent(&client, &serve.base);
+    wait_quiescent(&requests, &serve.base);
     let elapsed = started.elapsed();
     let cpu_after = cpu_of(&serve, &wallet_sim);
     let serve_threads_after = cpu_by_thread(serve.child.id());
@@ -507,7 +498,7 @@ fn main() {
         .map(|reader_number| {
             let (base, ids, done) = (serve.base.clone(), order_ids.clone(), Arc::clone(&done));
             std::thread::spawn(move || {
-                let reader = SmallRequests::new();
+                let reader = Requests::new();
                 let mut latencies = Vec::new();
                 let mut index = reader_number * 7919;
                 while !done.load(Ordering::SeqCst) {
@@ -522,7 +513,7 @@ fn main() {
         })
         .collect();
     let write_started = Instant::now();
-    let posted_during_reads = post_all(&client, &serve.base, &wallet_sim.base, rest);
+    let posted_during_reads = post_all(&requests, &serve.base, &wallet_sim.base, rest);
     while write_started.elapsed() < Duration::from_secs(read_seconds) {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -539,7 +530,7 @@ fn main() {
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
     println!("{}", service_read_latency(&client, &serve.base));
-    wait_quiescent(&client, &serve.base);
+    wait_quiescent(&requests, &serve.base);
     let snapshot: Value = client
         .get(format!("{}/v1/admin/snapshot", serve.base))
         .bearer_auth(ADMIN_KEY)
@@ -562,12 +553,14 @@ fn main() {
     post_concurrently(&serve.base, inputs.last().map(|input| input.at));
 }
 
-/// The HTTP client of the phases that time small requests (the order reads, the one-event posts).
-/// `ureq` by default: it sends each request from the calling thread, so a request costs the client
-/// one wake-up. reqwest's blocking client (`BENCH_CLIENT=reqwest`, the client of the rounds before the
-/// twenty-ninth) hands each request to a runtime thread of its own and back, which on 2 shared cores
-/// adds two waits for a core to every request the client times.
-enum SmallRequests {
+/// The HTTP client of the timed phases: the bulk posts and the lag polls of the throughput phase, the
+/// order reads, the one-event posts. `ureq` by default: it sends each request from the calling thread,
+/// so a request costs the client one wake-up. reqwest's blocking client (`BENCH_CLIENT=reqwest`)
+/// hands each request to a runtime thread of its own and back, which on 2 shared cores adds two waits
+/// for a core to every request: the twenty-ninth round measured it on the small requests, the
+/// fifty-sixth on the bulk posts, where it slowed the throughput phase (`docs/PERFORMANCE.md`). The
+/// setup and the figures read around the phases use reqwest ([`http_client`]).
+enum Requests {
     /// The agent answers any status (each call checks it, as reqwest's branch does), with the admin's
     /// `authorization` value made once.
     Ureq {
@@ -577,40 +570,69 @@ enum SmallRequests {
     Reqwest(reqwest::blocking::Client),
 }
 
-impl SmallRequests {
-    fn new() -> SmallRequests {
+impl Requests {
+    fn new() -> Requests {
         match std::env::var("BENCH_CLIENT").as_deref() {
-            Ok("reqwest") => SmallRequests::Reqwest(http_client()),
-            Ok("ureq") | Err(_) => SmallRequests::Ureq {
-                agent: ureq::Agent::config_builder().http_status_as_error(false).build().into(),
+            Ok("reqwest") => Requests::Reqwest(http_client()),
+            Ok("ureq") | Err(_) => Requests::Ureq {
+                // A stuck service fails the benchmark after two minutes, as reqwest's client does. Only
+                // the wait for the answer is bounded: with a global deadline, ureq resolves the host
+                // on a thread of its own for every request.
+                agent: ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_recv_response(Some(Duration::from_secs(120)))
+                    .build()
+                    .into(),
                 authorization: format!("Bearer {ADMIN_KEY}"),
             },
             Ok(other) => panic!("BENCH_CLIENT={other}: ureq or reqwest"),
         }
     }
 
-    /// GETs `url` as the admin and reads the whole answer, which must be a success.
-    fn get(&self, url: &str) {
-        let status = match self {
-            SmallRequests::Ureq { agent, authorization } => {
+    /// GETs `url` as the admin and returns the whole answer, which must be a success.
+    fn get(&self, url: &str) -> String {
+        let (status, answer) = match self {
+            Requests::Ureq { agent, authorization } => {
                 let mut response = agent.get(url).header("authorization", authorization).call().expect("GET");
-                response.body_mut().read_to_vec().expect("the body");
-                response.status().as_u16()
+                (response.status().as_u16(), response.body_mut().read_to_string().expect("the body"))
             }
-            SmallRequests::Reqwest(client) => {
+            Requests::Reqwest(client) => {
                 let response = client.get(url).bearer_auth(ADMIN_KEY).send().expect("GET");
-                let status = response.status().as_u16();
-                response.bytes().expect("the body");
-                status
+                (response.status().as_u16(), response.text().expect("the body"))
             }
         };
-        assert!((200..300).contains(&status), "GET {url}: {status}");
+        assert!((200..300).contains(&status), "GET {url}: {status} {answer}");
+        answer
+    }
+
+    /// POSTs a JSON `body` as the admin, fails the benchmark on any answer but a success, and returns
+    /// how long the request took (sending to the answer read).
+    fn post_bulk(&self, url: &str, body: Vec<u8>, what: &str) -> Duration {
+        let request_started = Instant::now();
+        let (status, answer) = match self {
+            Requests::Ureq { agent, authorization } => {
+                let mut response = agent
+                    .post(url)
+                    .header("authorization", authorization)
+                    .header("content-type", "application/json")
+                    .send(&body[..])
+                    .expect(what);
+                (response.status().as_u16(), response.body_mut().read_to_string().expect("the answer"))
+            }
+            Requests::Reqwest(client) => {
+                let request = client.post(url).bearer_auth(ADMIN_KEY).header("content-type", "application/json");
+                let response = request.body(body).send().expect(what);
+                (response.status().as_u16(), response.text().unwrap_or_default())
+            }
+        };
+        assert!((200..300).contains(&status), "{what}: {answer}");
+        request_started.elapsed()
     }
 
     /// POSTs `body` as the admin, and returns the status and the answer.
     fn post(&self, url: &str, body: &Value) -> (u16, String) {
         match self {
-            SmallRequests::Ureq { agent, authorization } => {
+            Requests::Ureq { agent, authorization } => {
                 let mut response = agent
                     .post(url)
                     .header("authorization", authorization)
@@ -619,7 +641,7 @@ impl SmallRequests {
                     .expect("POST");
                 (response.status().as_u16(), response.body_mut().read_to_string().expect("the answer"))
             }
-            SmallRequests::Reqwest(client) => {
+            Requests::Reqwest(client) => {
                 let response = client.post(url).bearer_auth(ADMIN_KEY).json(body).send().expect("POST");
                 (response.status().as_u16(), response.text().unwrap_or_default())
             }
@@ -776,7 +798,7 @@ fn post_concurrently(serve: &str, at: Option<pipelines::Timestamp>) {
         .map(|poster| {
             let (serve, barrier) = (serve.to_string(), Arc::clone(&barrier));
             std::thread::spawn(move || {
-                let client = SmallRequests::new();
+                let client = Requests::new();
                 barrier.wait();
                 let mut latencies = Vec::with_capacity(per_poster);
                 for index in 0..per_poster {
@@ -798,7 +820,7 @@ fn post_concurrently(serve: &str, at: Option<pipelines::Timestamp>) {
     let mut latencies: Vec<Duration> =
         threads.into_iter().flat_map(|thread| thread.join().expect("a poster")).collect();
     let elapsed = started.elapsed();
-    wait_quiescent(&http_client(), serve);
+    wait_quiescent(&Requests::new(), serve);
     let processed = started.elapsed();
     latencies.sort();
     println!(
