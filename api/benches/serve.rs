@@ -609,40 +609,31 @@ impl Requests {
     /// how long the request took (sending to the answer read).
     fn post_bulk(&self, url: &str, body: Vec<u8>, what: &str) -> Duration {
         let request_started = Instant::now();
-        let (status, answer) = match self {
-            Requests::Ureq { agent, authorization } => {
-                let mut response = agent
-                    .post(url)
-                    .header("authorization", authorization)
-                    .header("content-type", "application/json")
-                    .send(&body[..])
-                    .expect(what);
-                (response.status().as_u16(), response.body_mut().read_to_string().expect("the answer"))
-            }
-            Requests::Reqwest(client) => {
-                let request = client.post(url).bearer_auth(ADMIN_KEY).header("content-type", "application/json");
-                let response = request.body(body).send().expect(what);
-                (response.status().as_u16(), response.text().unwrap_or_default())
-            }
-        };
-        assert!((200..300).contains(&status), "{what}: {answer}");
+        let (status, answer) = self.post_bytes(url, body);
+        assert!((200..300).contains(&status), "{what}: {status} {answer}");
         request_started.elapsed()
     }
 
     /// POSTs `body` as the admin, and returns the status and the answer.
     fn post(&self, url: &str, body: &Value) -> (u16, String) {
+        self.post_bytes(url, body.to_string().into_bytes())
+    }
+
+    /// POSTs the JSON text `body` as the admin, and returns the status and the answer.
+    fn post_bytes(&self, url: &str, body: Vec<u8>) -> (u16, String) {
         match self {
             Requests::Ureq { agent, authorization } => {
                 let mut response = agent
                     .post(url)
                     .header("authorization", authorization)
                     .header("content-type", "application/json")
-                    .send(body.to_string())
+                    .send(&body[..])
                     .expect("POST");
                 (response.status().as_u16(), response.body_mut().read_to_string().expect("the answer"))
             }
             Requests::Reqwest(client) => {
-                let response = client.post(url).bearer_auth(ADMIN_KEY).json(body).send().expect("POST");
+                let request = client.post(url).bearer_auth(ADMIN_KEY).header("content-type", "application/json");
+                let response = request.body(body).send().expect("POST");
                 (response.status().as_u16(), response.text().unwrap_or_default())
             }
         }
