@@ -148,7 +148,8 @@ pub trait PositionalFields {
     fn serialize_fields<T: serde::ser::SerializeTuple>(&self, tuple: &mut T) -> Result<(), T::Error>;
 }
 
-/// Writes `[tag, fields…]`: a variant as the `serialize_positional` of [`tagged_newtype_enum`] writes it.
+/// Writes `[tag, fields…]`: a variant as the `serialize_positional` of [`tagged_newtype_enum`]
+/// writes it.
 pub fn tagged_tuple<S: serde::Serializer, F: PositionalFields>(
     serializer: S,
     tag: &'static str,
@@ -163,8 +164,8 @@ pub fn tagged_tuple<S: serde::Serializer, F: PositionalFields>(
 
 /// Reads `T` from a map (as [`deserialize`]) or from an array holding the tag's value first and the
 /// variant's fields after it in declaration order, as [`tagged_tuple`] writes it (a command inside a
-/// message, `crate::stages::positional`). Fields the variant reads with a default may be left off the end; a field more
-/// than the variant has is refused.
+/// message, `crate::stages::positional`). Fields the variant reads with a default may be left off the
+/// end; a field more than the variant has is refused.
 pub fn deserialize_positional<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_any(PositionalVisitor::<T>(PhantomData))
 }
@@ -197,8 +198,8 @@ impl<'de, T: Tagged> Visitor<'de> for PositionalVisitor<T> {
 
 /// Implements [`Tagged`] and `Deserialize` for an enum whose variants each hold one struct, and names
 /// each variant's tag value with the method `$name_method` (one list for reading and naming). The
-/// structs implement [`PositionalFields`]: `serialize_positional` writes a variant as `[tag, fields…]`,
-/// which [`deserialize_positional`] reads.
+/// structs implement [`PositionalFields`]: `serialize_positional` writes a variant as
+/// `[tag, fields…]`, which [`deserialize_positional`] reads.
 #[macro_export]
 macro_rules! tagged_newtype_enum {
     ($enum:ident, $tag:literal, $name_method:ident, { $( $name:literal => $variant:ident ),* $(,)? }) => {
