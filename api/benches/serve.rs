@@ -2,7 +2,8 @@
 //!
 //! Starts `paisa wallet-sim` and `paisa serve` (event clock, 2 partitions per stage by default) as real processes
 //! on loopback, posts a generated workload (`pipelines::workload`) through `POST /v1/events` in bulk
-//! requests, and measures the time until every log is consumed (`GET /v1/admin/lag` = 0). Then it reads
+//! requests (its wallet events go to the simulator before each phase: [`statements_first`]), and
+//! measures the time until every log is consumed (`GET /v1/admin/lag` = 0). Then it reads
 //! `GET /v1/orders/{id}` from concurrent clients while more events are being posted, and prints the
 //! latency percentiles its clients measured, then those the service measured itself (the histogram of
 //! `GET /metrics`, from routing to the response's head: the difference is the clients' and the
@@ -25,6 +26,8 @@
 //! `BENCH_SIM_PREFAULT_MIB=N` `paisa wallet-sim` (see [`SIM_PREFAULT_MIB`]);
 //! `BENCH_BULK_INPUTS=N` posts chunks of `N` inputs instead of 1,000 (see [`BULK_INPUTS`]);
 //! `BENCH_SIM_THREADS=N` gives the simulator `N` async worker threads instead of 1 (see [`SIM_THREADS`]);
+//! `BENCH_STATEMENTS_DURING=1` posts each phase's wallet events to the simulator during the phase,
+//! beside the service's events, instead of before it (see [`statements_first`]);
 //! `BENCH_DUMP=DIRECTORY` writes the service's final SPEC §9 document (`service.json`) and every input
 //! (`inputs.jsonl`, for `paisa replay`) there.
 //!
@@ -125,28 +128,63 @@ fn is_wallet(input: &Input) -> bool {
     matches!(input.command, Command::WalletLine(_) | Command::WalletLineStatus(_) | Command::WalletFault(_))
 }
 
-/// Posts inputs in chunks of [`BULK_INPUTS`]: each chunk's wallet events to the simulator in one
-/// request, its other events to the service in another. By default two threads post the two streams at
-/// once, each in order, and the service's request for a chunk is sent only once the simulator has
-/// answered the same chunk's request, so every line the scenario puts before an event is at the
-/// provider before the service can ask for it (the simulator answers as of the crawl's event time, so
-/// the later lines it may already hold are not shown early). The requests are those of one thread
-/// posting both in one sequence (`BENCH_SERIAL=1`; `BENCH_PACED=1` posts that way too), which every
-/// round up to the thirty-ninth measured: there the simulator's requests — the outside world's
-/// statement lines, not the service's work — counted against the service's throughput while the
-/// service waited for its next request.
+/// Whether a phase's wallet events reach the simulator before the phase (the default) or during it,
+/// beside the service's events (`BENCH_STATEMENTS_DURING=1`, as every round up to the fifty-seventh
+/// measured). They are the outside world's work — agents paying through their wallets, kept by a
+/// provider on other machines — not the service's, and the simulator answers every call as of its
+/// event time (`paisa-as-of`), so lines and changes it holds from later are not shown early: the
+/// service asks for and is shown the same statements either way (`docs/DECISIONS.md`, "The serve
+/// benchmark's statements reach the simulator before each phase").
+fn statements_first() -> bool {
+    std::env::var("BENCH_STATEMENTS_DURING").is_err()
+}
+
+/// Posts a phase's wallet events to the simulator ahead of the phase ([`statements_first`]), in
+/// chunks of the bulk size, and says how many and how long (outside every timed phase).
+fn post_statements(requests: &Requests, wallet_sim: &str, inputs: &[Input]) {
+    let started = Instant::now();
+    let wallet: Vec<&Input> = inputs.iter().filter(|input| is_wallet(input)).collect();
+    for chunk in wallet.chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1)) {
+        if let Some(body) = body_of(chunk) {
+            requests.post_bulk(&format!("{wallet_sim}/sim/v1/events"), body, "wallet events");
+        }
+    }
+    println!(
+        "statements at the provider before the phase: {} wallet events in {:.2} s (untimed)",
+        wallet.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Posts inputs in chunks of [`BULK_INPUTS`]: each chunk's events to the service in one request, and,
+/// unless they reached the simulator before the phase ([`statements_first`]), its wallet events to the
+/// simulator in another. By default two threads post the two streams at once, each in order, and the
+/// service's request for a chunk is sent only once the simulator has answered the same chunk's
+/// request, so every line the scenario puts before an event is at the provider before the service can
+/// ask for it (the simulator answers as of the crawl's event time, so the later lines it may already
+/// hold are not shown early). The requests are those of one thread posting both in one sequence
+/// (`BENCH_SERIAL=1`; `BENCH_PACED=1` posts that way too), which every round up to the thirty-ninth
+/// measured: there the simulator's requests — the outside world's statement lines, not the service's
+/// work — counted against the service's throughput while the service waited for its next request.
 fn post_all(requests: &Requests, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
-    // Each chunk split once into (wallet events, the service's events).
+    let statements_posted = statements_first();
+    // Each chunk split once into (wallet events still to post, the service's events).
     let chunks: Vec<(Vec<&Input>, Vec<&Input>)> = inputs
         .chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1))
-        .map(|chunk| chunk.iter().partition(|input| is_wallet(input)))
+        .map(|chunk| {
+            chunk.iter().filter(|input| !statements_posted || !is_wallet(input)).partition(|input| is_wallet(input))
+        })
         .collect();
     let endpoints = Endpoints { requests, serve, wallet_sim };
     let serial = std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok();
     let posting = if serial { endpoints.post_serially(&chunks) } else { endpoints.post_at_once(&chunks) };
     println!(
         "posting ({}): {:.2} s in the simulator's requests, {:.2} s in the service's",
-        if serial { "one sequence" } else { "two streams at once" },
+        match (statements_posted, serial) {
+            (true, _) => "the service's events; the statements were at the provider before",
+            (false, true) => "one sequence",
+            (false, false) => "two streams at once",
+        },
         posting.sim_time.as_secs_f64(),
         posting.serve_time.as_secs_f64()
     );
@@ -445,6 +483,9 @@ fn main() {
     let client = http_client();
     let requests = Requests::new();
     if !warmup.is_empty() {
+        if statements_first() {
+            post_statements(&requests, &wallet_sim.base, warmup);
+        }
         let started = Instant::now();
         let posted = post_all(&requests, &serve.base, &wallet_sim.base, warmup);
         wait_quiescent(&requests, &serve.base);
@@ -454,6 +495,9 @@ fn main() {
         );
     }
 
+    if statements_first() {
+        post_statements(&requests, &wallet_sim.base, first);
+    }
     let cpu_before = cpu_of(&serve, &wallet_sim);
     let serve_threads_before = cpu_by_thread(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
@@ -493,6 +537,9 @@ fn main() {
             _ => None,
         })
         .collect();
+    if statements_first() {
+        post_statements(&requests, &wallet_sim.base, rest);
+    }
     let done = Arc::new(AtomicBool::new(false));
     let reader_threads: Vec<_> = (0..readers)
         .map(|reader_number| {
