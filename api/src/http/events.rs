@@ -51,10 +51,10 @@ fn refusal(type_name: &str) -> Option<&'static str> {
 pub async fn post_events(State(state): State<ApiState>, caller: Caller, body: Body) -> Result<Accepted, ApiError> {
     caller.require_admin()?;
     let bytes = read_bytes(&state, body)?;
-    // The body is parsed on the blocking thread that checks and appends it, not on an async worker: a
-    // bulk body (up to 1,000 events, ≈ 500 KiB) takes a millisecond or more to parse, which would hold
-    // up the reads queued on that worker.
-    let accepted = tokio::task::spawn_blocking(move || {
+    // The body is parsed where it is checked and appended ([`run_blocking`]), not among an async
+    // worker's tasks: a bulk body (up to 1,000 events, ≈ 500 KiB) takes a millisecond or more to parse,
+    // which would hold up the reads queued on that worker.
+    let accepted = run_blocking(move || {
         if let Some(inputs) = read_bulk(&state, &caller, &bytes) {
             let inputs =
                 check_all(&state, inputs.into_iter().map(Ok)).map_err(|(index, error)| error.in_event(index))?;
@@ -71,6 +71,23 @@ pub async fn post_events(State(state): State<ApiState>, caller: Caller, body: Bo
     })
     .await??;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// Runs `work`, which blocks (it checks against materialised state and waits for a durable commit), off
+/// the async workers' task queues. On the multi-threaded runtime the service runs on it stays on this
+/// thread (`block_in_place`): the worker's other tasks move to another thread, and the request is not
+/// handed to a blocking thread and back, two wake-ups that each waited for a core on the serve
+/// benchmark's busy 2 cores (≈ 0.2 ms to take a bulk request, more to return it; `docs/PERFORMANCE.md`,
+/// fifty-eighth round). Elsewhere (tests on a current-thread runtime, where `block_in_place` is not
+/// allowed) it runs on the blocking pool.
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        Ok(tokio::task::block_in_place(work))
+    } else {
+        tokio::task::spawn_blocking(work).await
+    }
 }
 
 /// The fast path of a bulk request: its events read straight into inputs (`pipelines::envelope`,
@@ -133,10 +150,8 @@ pub fn read_bytes(state: &ApiState, body: Body) -> Result<Bytes, ApiError> {
 /// Checks and appends a single event (errors name its fields without an index).
 pub async fn ingest(state: &ApiState, caller: &Caller, objects: Vec<Map<String, Value>>) -> Result<Accepted, ApiError> {
     let (state, caller) = (state.clone(), caller.clone());
-    // Checks read materialised state and appending is a durable commit: both may block, so both run
-    // off the async workers.
-    let accepted =
-        tokio::task::spawn_blocking(move || check_and_append(&state, &caller, objects, |_, error| error)).await??;
+    // Checks read materialised state and appending is a durable commit: both may block ([`run_blocking`]).
+    let accepted = run_blocking(move || check_and_append(&state, &caller, objects, |_, error| error)).await??;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 

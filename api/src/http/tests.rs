@@ -500,6 +500,32 @@ async fn a_bulk_is_all_or_nothing_and_sees_its_own_new_ids() {
     assert_eq!(server.appended_count(), 5);
 }
 
+/// The service runs on the multi-threaded runtime, where a request that checks and appends stays on its
+/// worker's thread (`block_in_place`); the other tests run on a current-thread runtime, where it goes
+/// to the blocking pool. Both answer alike: here a refused bulk, an accepted one, a typed event, and
+/// requests sent together, each appended once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_append_are_answered_alike_on_the_multi_threaded_runtime() {
+    let server = start(ClockMode::System).await;
+    let bad = json!([deposit(json!("1.00")), deposit(json!("-1.00"))]);
+    server.admin_post("/v1/events", bad).await.refused(400, "invalid_amount", Some("[1].amount"));
+    assert_eq!(server.appended_count(), 0);
+    let good = json!([deposit(json!("1.00")), deposit(json!("2.00"))]);
+    assert_eq!(server.admin_post("/v1/events", good).await.accepted().len(), 2);
+    let typed = json!({"order_id": "o9", "amount": "1.00"});
+    assert_eq!(server.admin_post("/v1/merchants/m1/collections", typed).await.accepted().len(), 1);
+    let mut together = tokio::task::JoinSet::new();
+    for amount in 1..=8 {
+        let (client, url) = (server.client.clone(), format!("{}/v1/events", server.base));
+        let body = deposit(json!(format!("{amount}.00")));
+        together.spawn(async move { client.post(url).bearer_auth(ADMIN).json(&body).send().await.unwrap().status() });
+    }
+    while let Some(status) = together.join_next().await {
+        assert_eq!(status.unwrap().as_u16(), 202);
+    }
+    assert_eq!(server.appended_count(), 11);
+}
+
 /// A bulk whose events put `type` first is read straight into inputs (`pipelines::envelope`); one that
 /// puts it last is read through JSON values. Both must append the same inputs.
 #[tokio::test]
