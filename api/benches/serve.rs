@@ -131,17 +131,22 @@ fn is_wallet(input: &Input) -> bool {
 /// Whether a phase's wallet events reach the simulator before the phase (the default) or during it,
 /// beside the service's events (`BENCH_STATEMENTS_DURING=1`, as every round up to the fifty-seventh
 /// measured). They are the outside world's work — agents paying through their wallets, kept by a
-/// provider on other machines — not the service's, and the simulator answers every call as of its
-/// event time (`paisa-as-of`), so lines and changes it holds from later are not shown early: the
-/// service asks for and is shown the same statements either way (`docs/DECISIONS.md`, "The serve
-/// benchmark's statements reach the simulator before each phase").
+/// provider on other machines — not the service's. The simulator answers every call as of its event
+/// time (`paisa-as-of`), so lines and changes it holds from later are not shown early: each answer is
+/// what a provider holding only the events stamped by then would give. Posted during the phase, an
+/// answer could show less, when the simulator's own clock trailed the call's time (`docs/DECISIONS.md`,
+/// "The serve benchmark's statements reach the simulator before each phase").
 fn statements_first() -> bool {
     std::env::var("BENCH_STATEMENTS_DURING").is_err()
 }
 
-/// Posts a phase's wallet events to the simulator ahead of the phase ([`statements_first`]), in
-/// chunks of the bulk size, and says how many and how long (outside every timed phase).
-fn post_statements(requests: &Requests, wallet_sim: &str, inputs: &[Input]) {
+/// Posts a phase's wallet events to the simulator ahead of the phase, when they go first
+/// ([`statements_first`]; otherwise [`post_all`] posts them in the phase), in chunks of the bulk size,
+/// and says how many and how long (outside every timed phase).
+fn post_statements_ahead(requests: &Requests, wallet_sim: &str, inputs: &[Input]) {
+    if !statements_first() {
+        return;
+    }
     let started = Instant::now();
     let wallet: Vec<&Input> = inputs.iter().filter(|input| is_wallet(input)).collect();
     for chunk in wallet.chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1)) {
@@ -483,9 +488,7 @@ fn main() {
     let client = http_client();
     let requests = Requests::new();
     if !warmup.is_empty() {
-        if statements_first() {
-            post_statements(&requests, &wallet_sim.base, warmup);
-        }
+        post_statements_ahead(&requests, &wallet_sim.base, warmup);
         let started = Instant::now();
         let posted = post_all(&requests, &serve.base, &wallet_sim.base, warmup);
         wait_quiescent(&requests, &serve.base);
@@ -495,9 +498,7 @@ fn main() {
         );
     }
 
-    if statements_first() {
-        post_statements(&requests, &wallet_sim.base, first);
-    }
+    post_statements_ahead(&requests, &wallet_sim.base, first);
     let cpu_before = cpu_of(&serve, &wallet_sim);
     let serve_threads_before = cpu_by_thread(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
@@ -537,9 +538,7 @@ fn main() {
             _ => None,
         })
         .collect();
-    if statements_first() {
-        post_statements(&requests, &wallet_sim.base, rest);
-    }
+    post_statements_ahead(&requests, &wallet_sim.base, rest);
     let done = Arc::new(AtomicBool::new(false));
     let reader_threads: Vec<_> = (0..readers)
         .map(|reader_number| {
