@@ -212,25 +212,31 @@ struct Endpoints<'a> {
 impl Endpoints<'_> {
     /// Posts the two streams from two threads; the service's request for a chunk waits until the
     /// simulator has answered that chunk's (see [`post_all`]). Each stream's bodies are encoded one
-    /// ahead ([`encode_ahead`]).
+    /// ahead ([`encode_ahead`]). Without wallet events (posted ahead: [`statements_first`]) only the
+    /// service's stream runs.
     fn post_at_once(&self, chunks: &[(Vec<&Input>, Vec<&Input>)]) -> Posting {
         // The simulator's thread sends the number of chunks it has answered after each; at most one
         // message per chunk, so the channel never blocks it. When that thread ends — done, or panicking
         // on a failed request — the channel disconnects and the service's thread stops waiting; the
         // scope's join then reports the panic.
+        // With the statements posted ahead there is no simulator stream: its sender is dropped unused,
+        // so the service's thread never waits.
         let (answered_sender, answered) = std::sync::mpsc::sync_channel::<usize>(chunks.len().max(1));
+        let has_statements = chunks.iter().any(|(wallet, _)| !wallet.is_empty());
         std::thread::scope(|scope| {
-            let wallet_bodies = encode_ahead(scope, chunks.iter().map(|(wallet, _)| wallet.as_slice()));
             let service_bodies = encode_ahead(scope, chunks.iter().map(|(_, events)| events.as_slice()));
-            let simulator = scope.spawn(move || {
-                let mut sim_time = Duration::ZERO;
-                for (chunk_number, body) in wallet_bodies.iter().enumerate() {
-                    if let Some(body) = body {
-                        sim_time += self.post_wallet_lines(body);
+            let simulator = has_statements.then(|| {
+                let wallet_bodies = encode_ahead(scope, chunks.iter().map(|(wallet, _)| wallet.as_slice()));
+                scope.spawn(move || {
+                    let mut sim_time = Duration::ZERO;
+                    for (chunk_number, body) in wallet_bodies.iter().enumerate() {
+                        if let Some(body) = body {
+                            sim_time += self.post_wallet_lines(body);
+                        }
+                        let _ = answered_sender.send(chunk_number + 1);
                     }
-                    let _ = answered_sender.send(chunk_number + 1);
-                }
-                sim_time
+                    sim_time
+                })
             });
             let (mut serve_time, mut chunks_answered) = (Duration::ZERO, 0);
             for (chunk_number, body) in service_bodies.iter().enumerate() {
@@ -240,7 +246,8 @@ impl Endpoints<'_> {
                 }
                 serve_time += self.post_events(body);
             }
-            Posting { sim_time: simulator.join().expect("the simulator's poster"), serve_time }
+            let sim_time = simulator.map_or(Duration::ZERO, |poster| poster.join().expect("the simulator's poster"));
+            Posting { sim_time, serve_time }
         })
     }
 

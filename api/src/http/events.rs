@@ -83,7 +83,7 @@ pub async fn post_events(State(state): State<ApiState>, caller: Caller, body: Bo
 async fn run_blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, tokio::task::JoinError> {
-    if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+    if connectors::runtime::may_block_in_place() {
         Ok(tokio::task::block_in_place(work))
     } else {
         tokio::task::spawn_blocking(work).await

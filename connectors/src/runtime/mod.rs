@@ -604,6 +604,14 @@ pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Whether blocking work may run here in `tokio::task::block_in_place`: on a thread of a
+/// multi-threaded tokio runtime, which then moves the worker's other tasks to another thread. Not on a
+/// current-thread runtime, where `block_in_place` panics, nor outside any runtime.
+pub fn may_block_in_place() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// The read-process-write step of one stage partition: reads up to `records_max` records after the
 /// committed offset, applies them to the pure stage, and commits what they produced together with the
 /// new offset in one atomic batch. State in memory runs ahead of the commit only by this batch; if the

@@ -783,11 +783,10 @@ where
             .recv()
             .unwrap_or_else(|_| Err(ReadModelError::Fatal("a read-model task stopped without an answer".to_string())))
     };
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(receive)
-        }
-        _ => receive(),
+    if crate::runtime::may_block_in_place() {
+        tokio::task::block_in_place(receive)
+    } else {
+        receive()
     }
 }
 
