@@ -347,6 +347,10 @@ fn on_kafka_the_api_answers_what_replay_computes() {
         "memory",
         "--statement-provider",
         &wallet_sim.base,
+        // The other end-to-end tests run the connector on its default one-thread runtime; this one on a
+        // multi-threaded runtime of two workers.
+        "--connector-threads",
+        "2",
     ];
     let serve = start_serve_with(data_dir.path(), &kafka);
     for event in scenario_events() {

@@ -12,6 +12,7 @@ mod http;
 mod memory;
 
 use anyhow::Context;
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use connectors::embedded::{connector_loop, Embedded, EmbeddedConfig};
 use connectors::runtime::ClockMode;
@@ -406,6 +407,12 @@ struct ServeOptions {
     /// A JSON file of SPEC §8 settings (the keys of a `config` line).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Async worker threads of the statement connector's runtime, which is its own, apart from the
+    /// API's: 1 (the default) runs it on one thread; more suit a provider whose calls outgrow a thread.
+    #[arg(long, default_value_t = connector_loop::CONNECTOR_THREADS_DEFAULT,
+          value_parser = clap::value_parser!(u16).range(1..=connector_loop::CONNECTOR_THREADS_MAX as i64)
+              .map(usize::from))]
+    connector_threads: usize,
     /// MiB of the allocator's arena to fault in at start (at most the arena, 1 GiB): the service then
     /// grows into pages the kernel has already mapped and zeroed instead of faulting each in on first
     /// use (worth it on virtual machines, where a first touch also faults in the host). The memory
@@ -518,12 +525,8 @@ async fn serve(mut options: ServeOptions) -> anyhow::Result<()> {
         // Before the API answers: until then the connector's backlog would not count in the lag, and a
         // client could see a lag of 0 with crawls still unanswered.
         embedded.attach_connector();
-        let runner = embedded.clone();
-        tokio::spawn(async move {
-            if let Err(error) = connector_loop::run(runner, Arc::new(connector)).await {
-                tracing::error!(%error, "the statement connector stopped");
-            }
-        });
+        // On a runtime of its own, so that the connector's tasks do not queue before the API's requests.
+        connector_loop::start_on_own_runtime(embedded.clone(), Arc::new(connector), options.connector_threads)?;
     }
     let mut admin_key = std::env::var("PAISA_ADMIN_KEY").unwrap_or_default();
     if options.demo && admin_key.is_empty() {

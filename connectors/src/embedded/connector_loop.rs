@@ -62,6 +62,54 @@ pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Resu
     Ok(())
 }
 
+/// Async worker threads of the statement connector's own runtime unless `paisa serve
+/// --connector-threads` says otherwise: one, a current-thread runtime (see [`start_on_own_runtime`]).
+pub const CONNECTOR_THREADS_DEFAULT: usize = 1;
+
+/// Async worker threads the statement connector's runtime may be given, at most.
+pub const CONNECTOR_THREADS_MAX: usize = 64;
+
+/// Starts [`run`] on a tokio runtime of its own, driven by a thread named `connector`, and returns that
+/// thread (it ends when the loop does; a failure is logged, as the service goes on serving reads).
+///
+/// Why not on the API's runtime: the connector's many short tasks (a provider call each, their
+/// connections, the commits' waits) then queue on the same workers as the API's requests, and a bulk
+/// request waits for a worker behind them twice per request on 2 busy cores. On a runtime of its own the
+/// connector's tasks stay on one thread and the API's workers take requests as they come (the serve
+/// benchmark, fifty-ninth round: events/s 1.06 times, the service's CPU per event 0.94 times; see
+/// `docs/PERFORMANCE.md`). `threads` above 1 gives a multi-threaded runtime of that many workers, for a
+/// provider whose calls outgrow one thread.
+pub fn start_on_own_runtime(
+    embedded: Embedded,
+    connector: Arc<StatementConnector>,
+    threads: usize,
+) -> Result<std::thread::JoinHandle<()>, RuntimeError> {
+    let runtime = connector_runtime(threads)
+        .map_err(|error| RuntimeError::Fatal(format!("starting the connector's runtime: {error}")))?;
+    std::thread::Builder::new()
+        .name("connector".to_string())
+        .spawn(move || {
+            if let Err(error) = runtime.block_on(run(embedded, connector)) {
+                tracing::error!(%error, "the statement connector stopped");
+            }
+        })
+        .map_err(|error| RuntimeError::Fatal(format!("starting the connector's thread: {error}")))
+}
+
+/// A current-thread runtime for one thread (the thread that calls `block_on` drives it), else a
+/// multi-threaded one with `threads` workers (at most [`CONNECTOR_THREADS_MAX`]).
+fn connector_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    assert!(threads >= 1, "the connector needs a thread");
+    if threads == 1 {
+        return tokio::runtime::Builder::new_current_thread().enable_all().build();
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.min(CONNECTOR_THREADS_MAX))
+        .thread_name("connector")
+        .enable_all()
+        .build()
+}
+
 /// Connector batches submitted and not yet seen committed, at most, where the store queues commits.
 pub const CONNECTOR_COMMITS_IN_FLIGHT_MAX: usize = 4;
 
@@ -527,6 +575,20 @@ mod tests {
         assert!(lock(&early.calls).is_empty(), "both early calls taken");
         drop(early);
         tokio::task::spawn_blocking(move || embedded.stop()).await.expect("stopped");
+    }
+
+    /// One thread gives a current-thread runtime, more a multi-threaded one with that many workers
+    /// (capped); the end-to-end tests run the connector on both (`tests/service.rs`).
+    #[test]
+    fn the_connectors_runtime_has_the_threads_asked_for() {
+        let one = connector_runtime(1).expect("a runtime");
+        assert_eq!(one.handle().runtime_flavor(), tokio::runtime::RuntimeFlavor::CurrentThread);
+        assert_eq!(one.metrics().num_workers(), 1);
+        let three = connector_runtime(3).expect("a runtime");
+        assert_eq!(three.handle().runtime_flavor(), tokio::runtime::RuntimeFlavor::MultiThread);
+        assert_eq!(three.metrics().num_workers(), 3);
+        let capped = connector_runtime(CONNECTOR_THREADS_MAX + 1).expect("a runtime");
+        assert_eq!(capped.metrics().num_workers(), CONNECTOR_THREADS_MAX);
     }
 
     /// The record `append_answer` writes for `crawled`, its bytes, and the record kept for consumers.
