@@ -76,7 +76,7 @@ pub const CONNECTOR_THREADS_MAX: usize = 64;
 /// connections, the commits' waits) then queue on the same workers as the API's requests, and a bulk
 /// request waits for a worker behind them twice per request on 2 busy cores. On a runtime of its own the
 /// connector's tasks stay on one thread and the API's workers take requests as they come (the serve
-/// benchmark, fifty-ninth round: events/s 1.06 times, the service's CPU per event 0.94 times; see
+/// benchmark, fifty-ninth round: events/s 1.05 times, the service's CPU per event 0.95 times; see
 /// `docs/PERFORMANCE.md`). `threads` above 1 gives a multi-threaded runtime of that many workers, for a
 /// provider whose calls outgrow one thread.
 pub fn start_on_own_runtime(
