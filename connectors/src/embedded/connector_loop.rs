@@ -84,8 +84,7 @@ pub fn start_on_own_runtime(
     connector: Arc<StatementConnector>,
     threads: usize,
 ) -> Result<std::thread::JoinHandle<()>, RuntimeError> {
-    let runtime = connector_runtime(threads)
-        .map_err(|error| RuntimeError::Fatal(format!("starting the connector's runtime: {error}")))?;
+    let runtime = connector_runtime(threads)?;
     std::thread::Builder::new()
         .name("connector".to_string())
         .spawn(move || {
@@ -97,17 +96,23 @@ pub fn start_on_own_runtime(
 }
 
 /// A current-thread runtime for one thread (the thread that calls `block_on` drives it), else a
-/// multi-threaded one with `threads` workers (at most [`CONNECTOR_THREADS_MAX`]).
-fn connector_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    assert!(threads >= 1, "the connector needs a thread");
-    if threads == 1 {
-        return tokio::runtime::Builder::new_current_thread().enable_all().build();
+/// multi-threaded one with `threads` workers; 0 or more than [`CONNECTOR_THREADS_MAX`] is refused.
+fn connector_runtime(threads: usize) -> Result<tokio::runtime::Runtime, RuntimeError> {
+    if !(1..=CONNECTOR_THREADS_MAX).contains(&threads) {
+        return Err(RuntimeError::Invalid(format!(
+            "the connector's threads must be 1..={CONNECTOR_THREADS_MAX}, not {threads}"
+        )));
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.min(CONNECTOR_THREADS_MAX))
-        .thread_name("connector")
-        .enable_all()
-        .build()
+    let built = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("connector")
+            .enable_all()
+            .build()
+    };
+    built.map_err(|error| RuntimeError::Fatal(format!("starting the connector's runtime: {error}")))
 }
 
 /// Connector batches submitted and not yet seen committed, at most, where the store queues commits.
@@ -577,8 +582,9 @@ mod tests {
         tokio::task::spawn_blocking(move || embedded.stop()).await.expect("stopped");
     }
 
-    /// One thread gives a current-thread runtime, more a multi-threaded one with that many workers
-    /// (capped); the end-to-end tests run the connector on both (`tests/service.rs`).
+    /// One thread gives a current-thread runtime, more a multi-threaded one with that many workers,
+    /// and a count outside 1..=max is refused; the end-to-end tests run the connector on one thread and
+    /// on two (`tests/service.rs`).
     #[test]
     fn the_connectors_runtime_has_the_threads_asked_for() {
         let one = connector_runtime(1).expect("a runtime");
@@ -587,8 +593,13 @@ mod tests {
         let three = connector_runtime(3).expect("a runtime");
         assert_eq!(three.handle().runtime_flavor(), tokio::runtime::RuntimeFlavor::MultiThread);
         assert_eq!(three.metrics().num_workers(), 3);
-        let capped = connector_runtime(CONNECTOR_THREADS_MAX + 1).expect("a runtime");
-        assert_eq!(capped.metrics().num_workers(), CONNECTOR_THREADS_MAX);
+        for refused in [0, CONNECTOR_THREADS_MAX + 1] {
+            match connector_runtime(refused) {
+                Err(RuntimeError::Invalid(message)) => assert!(message.contains("1..=64"), "{message}"),
+                Err(other) => panic!("{refused} threads: not refused as invalid: {other}"),
+                Ok(_) => panic!("{refused} threads: not refused"),
+            }
+        }
     }
 
     /// The record `append_answer` writes for `crawled`, its bytes, and the record kept for consumers.
