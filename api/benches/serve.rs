@@ -143,15 +143,15 @@ fn statements_first() -> bool {
 /// Posts a phase's wallet events to the simulator ahead of the phase, when they go first
 /// ([`statements_first`]; otherwise [`post_all`] posts them in the phase), in chunks of the bulk size,
 /// and says how many and how long (outside every timed phase).
-fn post_statements_ahead(requests: &Requests, wallet_sim: &str, inputs: &[Input]) {
+fn post_statements_ahead(endpoints: &Endpoints, inputs: &[Input]) {
     if !statements_first() {
         return;
     }
     let started = Instant::now();
     let wallet: Vec<&Input> = inputs.iter().filter(|input| is_wallet(input)).collect();
-    for chunk in wallet.chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1)) {
+    for chunk in wallet.chunks(bulk_inputs()) {
         if let Some(body) = body_of(chunk) {
-            requests.post_bulk(&format!("{wallet_sim}/sim/v1/events"), body, "wallet events");
+            endpoints.post_wallet_lines(body);
         }
     }
     println!(
@@ -171,16 +171,15 @@ fn post_statements_ahead(requests: &Requests, wallet_sim: &str, inputs: &[Input]
 /// (`BENCH_SERIAL=1`; `BENCH_PACED=1` posts that way too), which every round up to the thirty-ninth
 /// measured: there the simulator's requests — the outside world's statement lines, not the service's
 /// work — counted against the service's throughput while the service waited for its next request.
-fn post_all(requests: &Requests, serve: &str, wallet_sim: &str, inputs: &[Input]) -> usize {
+fn post_all(endpoints: &Endpoints, inputs: &[Input]) -> usize {
     let statements_posted = statements_first();
     // Each chunk split once into (wallet events still to post, the service's events).
     let chunks: Vec<(Vec<&Input>, Vec<&Input>)> = inputs
-        .chunks(env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1))
+        .chunks(bulk_inputs())
         .map(|chunk| {
             chunk.iter().filter(|input| !statements_posted || !is_wallet(input)).partition(|input| is_wallet(input))
         })
         .collect();
-    let endpoints = Endpoints { requests, serve, wallet_sim };
     let serial = std::env::var("BENCH_SERIAL").is_ok() || std::env::var("BENCH_PACED").is_ok();
     let posting = if serial { endpoints.post_serially(&chunks) } else { endpoints.post_at_once(&chunks) };
     println!(
@@ -194,6 +193,11 @@ fn post_all(requests: &Requests, serve: &str, wallet_sim: &str, inputs: &[Input]
         posting.serve_time.as_secs_f64()
     );
     chunks.iter().map(|(_, events)| events.len()).sum()
+}
+
+/// Inputs per bulk request: `BENCH_BULK_INPUTS`, else [`BULK_INPUTS`] (at least 1).
+fn bulk_inputs() -> usize {
+    env_usize("BENCH_BULK_INPUTS", BULK_INPUTS).max(1)
 }
 
 /// What posting took: the time in each process's requests.
@@ -494,10 +498,11 @@ fn main() {
     let serve = start(&serve_args, &[]);
     let client = http_client();
     let requests = Requests::new();
+    let endpoints = Endpoints { requests: &requests, serve: &serve.base, wallet_sim: &wallet_sim.base };
     if !warmup.is_empty() {
-        post_statements_ahead(&requests, &wallet_sim.base, warmup);
+        post_statements_ahead(&endpoints, warmup);
         let started = Instant::now();
-        let posted = post_all(&requests, &serve.base, &wallet_sim.base, warmup);
+        let posted = post_all(&endpoints, warmup);
         wait_quiescent(&requests, &serve.base);
         println!(
             "warm-up: {warmup_rounds} rounds, {posted} events through the API in {:.2} s (untimed)",
@@ -505,12 +510,12 @@ fn main() {
         );
     }
 
-    post_statements_ahead(&requests, &wallet_sim.base, first);
+    post_statements_ahead(&endpoints, first);
     let cpu_before = cpu_of(&serve, &wallet_sim);
     let serve_threads_before = cpu_by_thread(serve.child.id());
     let figures_before = scrape(&client, &serve.base);
     let started = Instant::now();
-    let posted = post_all(&requests, &serve.base, &wallet_sim.base, first);
+    let posted = post_all(&endpoints, first);
     let posted_after = started.elapsed();
     wait_quiescent(&requests, &serve.base);
     let elapsed = started.elapsed();
@@ -545,7 +550,7 @@ fn main() {
             _ => None,
         })
         .collect();
-    post_statements_ahead(&requests, &wallet_sim.base, rest);
+    post_statements_ahead(&endpoints, rest);
     let done = Arc::new(AtomicBool::new(false));
     let reader_threads: Vec<_> = (0..readers)
         .map(|reader_number| {
@@ -566,7 +571,7 @@ fn main() {
         })
         .collect();
     let write_started = Instant::now();
-    let posted_during_reads = post_all(&requests, &serve.base, &wallet_sim.base, rest);
+    let posted_during_reads = post_all(&endpoints, rest);
     while write_started.elapsed() < Duration::from_secs(read_seconds) {
         std::thread::sleep(Duration::from_millis(50));
     }

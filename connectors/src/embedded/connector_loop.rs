@@ -69,8 +69,12 @@ pub const CONNECTOR_THREADS_DEFAULT: usize = 1;
 /// Async worker threads the statement connector's runtime may be given, at most.
 pub const CONNECTOR_THREADS_MAX: usize = 64;
 
-/// Starts [`run`] on a tokio runtime of its own, driven by a thread named `connector`, and returns that
-/// thread (it ends when the loop does; a failure is logged, as the service goes on serving reads).
+/// The name of the statement connector's threads (the one driving its runtime and any workers).
+const CONNECTOR_THREAD_NAME: &str = "connector";
+
+/// Starts [`run`] on a tokio runtime of its own, driven by a thread of its own ([`CONNECTOR_THREAD_NAME`]),
+/// which ends when the loop does; a failure is logged, as the service goes on serving reads. The thread is
+/// not joined (`docs/DECISIONS.md`): the loop stops with the pipeline.
 ///
 /// Why not on the API's runtime: the connector's many short tasks (a provider call each, their
 /// connections, the commits' waits) then queue on the same workers as the API's requests, and a bulk
@@ -83,15 +87,16 @@ pub fn start_on_own_runtime(
     embedded: Embedded,
     connector: Arc<StatementConnector>,
     threads: usize,
-) -> Result<std::thread::JoinHandle<()>, RuntimeError> {
+) -> Result<(), RuntimeError> {
     let runtime = connector_runtime(threads)?;
     std::thread::Builder::new()
-        .name("connector".to_string())
+        .name(CONNECTOR_THREAD_NAME.to_string())
         .spawn(move || {
             if let Err(error) = runtime.block_on(run(embedded, connector)) {
                 tracing::error!(%error, "the statement connector stopped");
             }
         })
+        .map(|_detached| ())
         .map_err(|error| RuntimeError::Fatal(format!("starting the connector's thread: {error}")))
 }
 
@@ -108,7 +113,7 @@ fn connector_runtime(threads: usize) -> Result<tokio::runtime::Runtime, RuntimeE
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name("connector")
+            .thread_name(CONNECTOR_THREAD_NAME)
             .enable_all()
             .build()
     };
