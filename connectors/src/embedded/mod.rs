@@ -952,28 +952,28 @@ fn created_keys(command: &pipelines::input::Command) -> (KeyOwners, KeyOwners) {
     use pipelines::input::Command;
     let shared = match command {
         Command::CollectionCreated(created) => {
-            vec![(ingestion_key("order", &created.order_id), created.merchant_id.to_string())]
+            vec![(ingestion_key("order", &created.order_id).into(), created.merchant_id.to_string())]
         }
         Command::PayoutCreated(created) => {
-            vec![(ingestion_key("order", &created.order_id), created.merchant_id.to_string())]
+            vec![(ingestion_key("order", &created.order_id).into(), created.merchant_id.to_string())]
         }
-        Command::UserRegistered(registered) => vec![(ingestion_key("user", &registered.user_id), String::new())],
+        Command::UserRegistered(registered) => vec![(ingestion_key("user", &registered.user_id).into(), String::new())],
         Command::MerchantRegistered(registered) => {
-            vec![(ingestion_key("merchant", &registered.merchant_id), String::new())]
+            vec![(ingestion_key("merchant", &registered.merchant_id).into(), String::new())]
         }
         _ => Vec::new(),
     };
     let exclusive = match command {
-        Command::CardBound(bound) => vec![(ingestion_key("card", &bound.card_id), bound.user_id.to_string())],
+        Command::CardBound(bound) => vec![(ingestion_key("card", &bound.card_id).into(), bound.user_id.to_string())],
         _ => Vec::new(),
     };
     (shared, exclusive)
 }
 
-/// `kind:id`, the key ingestion records an owner under. Built without `format!` (`pipelines::joined`):
-/// every ingested input and every check of an order's merchant or a card's agent makes one.
-fn ingestion_key(kind: &str, id: &str) -> String {
-    pipelines::joined(kind, ':', id).into()
+/// `kind:id`, the key ingestion records an owner under. Built without `format!` (`pipelines::joined`),
+/// inline for keys up to 24 bytes: every ingested input and every check of an id makes one.
+fn ingestion_key(kind: &str, id: &str) -> pipelines::Text {
+    pipelines::joined(kind, ':', id)
 }
 
 /// The wall clock as event time (only the runtime reads it; the stages never do).
@@ -1023,7 +1023,8 @@ impl Inner {
     // An order's merchant and a card's agent are read from the keys ingestion recorded first, and from
     // the partitions' state only when there is none: the keys answer without the partitions' locks,
     // which a processing thread holds while it applies a round. Both name the same owner: it is
-    // recorded once, by the input that created the order or bound the card, and never changes.
+    // recorded once, by the input that created the order or bound the card, and never changes. The
+    // instance that ingests checks its requests against the keys alone ([`EmbeddedChecks`]).
 
     fn order_merchant_in(&self, reader: Option<&dyn IngestionReader>, order_id: &str) -> Option<String> {
         self.ingested_owner_in(reader, "order", order_id).or_else(|| reads::order_merchant(self, order_id))
@@ -1069,6 +1070,12 @@ impl Inner {
 struct EmbeddedChecks<'a> {
     inner: &'a Inner,
     reader: Option<Box<dyn IngestionReader + 'a>>,
+    /// Whether an order's merchant and a card's agent not among the ingested keys are looked for in the
+    /// partitions' state too: only on an instance that does not ingest (`--no-ingest`), whose keys are
+    /// the ones it read from the store and may lag another instance's ingestion. An instance that
+    /// ingests recorded every key itself, with the input that created it (see
+    /// [`Embedded::ingestion_checks`]).
+    partition_fallback: bool,
 }
 
 impl IngestionChecks for EmbeddedChecks<'_> {
@@ -1077,7 +1084,10 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.order_merchant_in(self.reader.as_deref(), order_id)
+        if self.partition_fallback {
+            return self.inner.order_merchant_in(self.reader.as_deref(), order_id);
+        }
+        self.inner.ingested_owner_in(self.reader.as_deref(), "order", order_id)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1089,7 +1099,10 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.card_owner_in(self.reader.as_deref(), card_id)
+        if self.partition_fallback {
+            return self.inner.card_owner_in(self.reader.as_deref(), card_id);
+        }
+        self.inner.ingested_owner_in(self.reader.as_deref(), "card", card_id)
     }
 }
 
@@ -1137,7 +1150,12 @@ impl PipelineHandle for Embedded {
     }
 
     fn ingestion_checks(&self) -> Box<dyn IngestionChecks + '_> {
-        Box::new(EmbeddedChecks { inner: &self.inner, reader: self.inner.ingestion_reader() })
+        // The instance that ingests recorded the key of every order and card binding it ingested
+        // (`created_keys`), with the input: its checks need no partition's lock, which a processing
+        // thread holds for a whole round. A new order's id, not yet a key, used to wait for one
+        // (`docs/DECISIONS.md`, "Ingestion checks a request from one read transaction").
+        let partition_fallback = !self.inner.ingests.load(Ordering::SeqCst);
+        Box::new(EmbeddedChecks { inner: &self.inner, reader: self.inner.ingestion_reader(), partition_fallback })
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
@@ -1511,7 +1529,9 @@ mod tests {
     /// A request's checks (`ingestion_checks`, one read transaction) answer as the pipeline's own
     /// lookups do, for ids that exist and ids that do not, and an order's merchant and a card's agent
     /// are answered while processing threads hold every partition (they are the keys ingestion
-    /// recorded, not partition state).
+    /// recorded, not partition state): those that exist, and those that do not yet (a new order's id,
+    /// a card being bound), which the checks of the instance that ingests no longer look for in the
+    /// partitions.
     #[test]
     fn a_request_s_checks_answer_as_the_pipeline_does_without_the_partitions() {
         let directory = tempfile::tempdir().expect("a temporary directory");
@@ -1543,13 +1563,16 @@ mod tests {
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 let checks = embedded.ingestion_checks();
-                let _ = answered.send((checks.order_merchant("p0-7"), checks.card_owner("k5")));
+                let known = (checks.order_merchant("p0-7"), checks.card_owner("k5"));
+                let unknown = (checks.order_merchant("c9-9"), checks.card_owner("k99"));
+                let _ = answered.send((known, unknown));
             });
             let owners = answer.recv_timeout(Duration::from_secs(10));
             drop(locks);
-            let (merchant, card_owner) = owners.expect("answered while every partition was held");
+            let ((merchant, card_owner), unknown) = owners.expect("answered while every partition was held");
             assert_eq!(merchant.as_deref(), Some("m0"));
             assert_eq!(card_owner.as_deref(), Some("u5"));
+            assert_eq!(unknown, (None, None), "a new order's id and an unbound card are unknown");
         });
         embedded.stop();
     }
