@@ -33,7 +33,7 @@ pub const CONNECTOR_BATCH_RECORDS_MAX: usize = 1024;
 /// for the ones before (each joins the next group); elsewhere the next commit starts only once the one
 /// before has returned. Either way the consumer offset only moves forward: each batch names the offset
 /// it consumed from, and a batch behind a failed one fails with it.
-pub async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
+async fn run(embedded: Embedded, connector: Arc<StatementConnector>) -> Result<(), RuntimeError> {
     let mut next = embedded.store().committed(CONNECTOR_CONSUMER)?;
     let mut committing: std::collections::VecDeque<Commit> = std::collections::VecDeque::new();
     let in_flight_max = if embedded.store().queues_commits() { CONNECTOR_COMMITS_IN_FLIGHT_MAX } else { 1 };

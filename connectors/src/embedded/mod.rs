@@ -1024,14 +1024,27 @@ impl Inner {
     // the partitions' state only when there is none: the keys answer without the partitions' locks,
     // which a processing thread holds while it applies a round. Both name the same owner: it is
     // recorded once, by the input that created the order or bound the card, and never changes. The
-    // instance that ingests checks its requests against the keys alone ([`EmbeddedChecks`]).
+    // instance that ingests checks its requests against the keys alone (`in_partitions` false:
+    // [`EmbeddedChecks::partition_fallback`]).
 
-    fn order_merchant_in(&self, reader: Option<&dyn IngestionReader>, order_id: &str) -> Option<String> {
-        self.ingested_owner_in(reader, "order", order_id).or_else(|| reads::order_merchant(self, order_id))
+    fn order_merchant_in(
+        &self,
+        reader: Option<&dyn IngestionReader>,
+        order_id: &str,
+        in_partitions: bool,
+    ) -> Option<String> {
+        let ingested = self.ingested_owner_in(reader, "order", order_id);
+        ingested.or_else(|| in_partitions.then(|| reads::order_merchant(self, order_id)).flatten())
     }
 
-    fn card_owner_in(&self, reader: Option<&dyn IngestionReader>, card_id: &str) -> Option<String> {
-        self.ingested_owner_in(reader, "card", card_id).or_else(|| reads::card_owner(self, card_id))
+    fn card_owner_in(
+        &self,
+        reader: Option<&dyn IngestionReader>,
+        card_id: &str,
+        in_partitions: bool,
+    ) -> Option<String> {
+        let ingested = self.ingested_owner_in(reader, "card", card_id);
+        ingested.or_else(|| in_partitions.then(|| reads::card_owner(self, card_id)).flatten())
     }
 
     /// The stage records an input is appended as, encoded and as made.
@@ -1084,10 +1097,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        if self.partition_fallback {
-            return self.inner.order_merchant_in(self.reader.as_deref(), order_id);
-        }
-        self.inner.ingested_owner_in(self.reader.as_deref(), "order", order_id)
+        self.inner.order_merchant_in(self.reader.as_deref(), order_id, self.partition_fallback)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1099,10 +1109,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        if self.partition_fallback {
-            return self.inner.card_owner_in(self.reader.as_deref(), card_id);
-        }
-        self.inner.ingested_owner_in(self.reader.as_deref(), "card", card_id)
+        self.inner.card_owner_in(self.reader.as_deref(), card_id, self.partition_fallback)
     }
 }
 
@@ -1159,7 +1166,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.order_merchant_in(self.inner.ingestion_reader().as_deref(), order_id)
+        self.inner.order_merchant_in(self.inner.ingestion_reader().as_deref(), order_id, true)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1195,7 +1202,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.card_owner_in(self.inner.ingestion_reader().as_deref(), card_id)
+        self.inner.card_owner_in(self.inner.ingestion_reader().as_deref(), card_id, true)
     }
 
     fn snapshot(&self) -> serde_json::Value {
