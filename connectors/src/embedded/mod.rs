@@ -1584,6 +1584,104 @@ mod tests {
         embedded.stop();
     }
 
+    /// The embedded store with some ingested keys missing, as the keys of an instance that does not
+    /// ingest lack another instance's latest ingestion until it has read it (the Kafka profile's state
+    /// topic). Everything else is the store's own.
+    struct KeysBehind {
+        store: RedbStore,
+        /// Ingested keys (`kind:id`) this store answers as unknown.
+        missing: Vec<&'static str>,
+    }
+
+    impl Store for KeysBehind {
+        fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
+            self.store.read(log, from, records_max)
+        }
+        fn head(&self, log: &str) -> Result<u64, RuntimeError> {
+            self.store.head(log)
+        }
+        fn committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
+            self.store.committed(consumer)
+        }
+        fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
+            self.store.commit(batch)
+        }
+        fn ingest(
+            &self,
+            event_ids: &[&str],
+            encode: &mut crate::runtime::IngestEncoder<'_>,
+        ) -> Result<Vec<Appended>, RuntimeError> {
+            self.store.ingest(event_ids, encode)
+        }
+        fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
+            self.store.event_position(event_id)
+        }
+        fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+            if self.missing.contains(&key) {
+                return Ok(None);
+            }
+            self.store.ingested_key(key)
+        }
+        // No `ingestion_reader`: the default one asks `ingested_key` above, so the keys stay missing.
+        fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
+            self.store.get(table, key)
+        }
+        fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
+            self.store.put(table, key, value)
+        }
+        fn snapshot_every_records(&self) -> Option<u64> {
+            self.store.snapshot_every_records()
+        }
+        fn take_snapshot(&self, log: &str) -> Result<Option<crate::runtime::Snapshot>, RuntimeError> {
+            self.store.take_snapshot(log)
+        }
+        fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
+            self.store.ingested_at_max_ms()
+        }
+    }
+
+    /// An instance that does not ingest (`--no-ingest`) looks for an order's merchant and a card's agent
+    /// in the partitions' state when its ingested keys lack them; the instance that ingests answers from
+    /// its keys alone, which hold every order and card binding it took (`EmbeddedChecks::
+    /// partition_fallback`). The same data directory and the same missing keys, one flag apart.
+    #[test]
+    fn only_an_instance_that_does_not_ingest_looks_for_missing_keys_in_the_partitions() {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let config = EmbeddedConfig::new(directory.path().to_path_buf(), ClockMode::Event);
+        let embedded = Embedded::start(config.clone()).expect("starts");
+        embedded.append(pipeline_inputs(8, 1)).expect("appended");
+        wait_until_processed(&embedded);
+        embedded.stop();
+        drop(embedded);
+        let behind = || KeysBehind {
+            store: RedbStore::open(directory.path()).expect("opens"),
+            missing: vec!["order:c0-0", "card:k3"],
+        };
+
+        let reading = Embedded::start_on(config.clone(), Box::new(behind()), None).expect("restarts");
+        reading.refuse_ingestion();
+        let checks = reading.ingestion_checks();
+        assert_eq!(checks.order_merchant("c0-0").as_deref(), Some("m0"), "from the order's partition");
+        assert_eq!(checks.card_owner("k3").as_deref(), Some("u3"), "from the agent partitions");
+        assert_eq!(checks.order_merchant("p0-7").as_deref(), Some("m0"), "from the keys");
+        assert_eq!((checks.order_merchant("c9-9"), checks.card_owner("k99")), (None, None), "unknown anywhere");
+        drop(checks);
+        reading.stop();
+        drop(reading);
+
+        let ingesting = Embedded::start_on(config, Box::new(behind()), None).expect("restarts");
+        let checks = ingesting.ingestion_checks();
+        assert_eq!(checks.order_merchant("c0-0"), None, "the keys alone");
+        assert_eq!(checks.card_owner("k3"), None, "the keys alone");
+        assert_eq!(checks.order_merchant("p0-7").as_deref(), Some("m0"));
+        assert_eq!(checks.card_owner("k5").as_deref(), Some("u5"));
+        // The reads that authorise a merchant's key look in the partitions on either instance.
+        assert_eq!(ingesting.order_merchant("c0-0").as_deref(), Some("m0"));
+        assert_eq!(ingesting.card_owner("k3").as_deref(), Some("u3"));
+        drop(checks);
+        ingesting.stop();
+    }
+
     /// An order is read under the locks of its own partition and of its agents' partitions only: a
     /// processing thread applying another agent partition does not hold the read up.
     #[test]
