@@ -1584,62 +1584,6 @@ mod tests {
         embedded.stop();
     }
 
-    /// The embedded store with some ingested keys missing, as the keys of an instance that does not
-    /// ingest lack another instance's latest ingestion until it has read it (the Kafka profile's state
-    /// topic). Everything else is the store's own.
-    struct KeysBehind {
-        store: RedbStore,
-        /// Ingested keys (`kind:id`) this store answers as unknown.
-        missing: Vec<&'static str>,
-    }
-
-    impl Store for KeysBehind {
-        fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
-            self.store.read(log, from, records_max)
-        }
-        fn head(&self, log: &str) -> Result<u64, RuntimeError> {
-            self.store.head(log)
-        }
-        fn committed(&self, consumer: &str) -> Result<u64, RuntimeError> {
-            self.store.committed(consumer)
-        }
-        fn commit(&self, batch: WriteBatch) -> Result<(), RuntimeError> {
-            self.store.commit(batch)
-        }
-        fn ingest(
-            &self,
-            event_ids: &[&str],
-            encode: &mut crate::runtime::IngestEncoder<'_>,
-        ) -> Result<Vec<Appended>, RuntimeError> {
-            self.store.ingest(event_ids, encode)
-        }
-        fn event_position(&self, event_id: &str) -> Result<Option<u64>, RuntimeError> {
-            self.store.event_position(event_id)
-        }
-        fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
-            if self.missing.contains(&key) {
-                return Ok(None);
-            }
-            self.store.ingested_key(key)
-        }
-        // No `ingestion_reader`: the default one asks `ingested_key` above, so the keys stay missing.
-        fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
-            self.store.get(table, key)
-        }
-        fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
-            self.store.put(table, key, value)
-        }
-        fn snapshot_every_records(&self) -> Option<u64> {
-            self.store.snapshot_every_records()
-        }
-        fn take_snapshot(&self, log: &str) -> Result<Option<crate::runtime::Snapshot>, RuntimeError> {
-            self.store.take_snapshot(log)
-        }
-        fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
-            self.store.ingested_at_max_ms()
-        }
-    }
-
     /// An instance that does not ingest (`--no-ingest`) looks for an order's merchant and a card's agent
     /// in the partitions' state when its ingested keys lack them; the instance that ingests answers from
     /// its keys alone, which hold every order and card binding it took (`EmbeddedChecks::
@@ -1653,9 +1597,10 @@ mod tests {
         wait_until_processed(&embedded);
         embedded.stop();
         drop(embedded);
-        let behind = || KeysBehind {
-            store: RedbStore::open(directory.path()).expect("opens"),
-            missing: vec!["order:c0-0", "card:k3"],
+        // The keys of an order and a card binding answered as missing, as keys behind another instance's.
+        let behind = || crate::runtime::tests::AlteredStore {
+            missing_keys: vec!["order:c0-0", "card:k3"],
+            ..crate::runtime::tests::AlteredStore::new(RedbStore::open(directory.path()).expect("opens"))
         };
 
         let reading = Embedded::start_on(config.clone(), Box::new(behind()), None).expect("restarts");

@@ -950,13 +950,25 @@ pub(crate) mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::RwLock;
 
-    /// The embedded store, with a commit that fails as retryable when asked to.
-    struct FlakyStore {
-        store: RedbStore,
-        fail_next_commit: AtomicBool,
+    /// The embedded store, altered as a test asks: a commit that fails as retryable when asked to, and
+    /// ingested keys it answers as missing (as the keys of an instance that does not ingest lack another
+    /// instance's latest ingestion until it has read it). Everything else is the store's own, but for
+    /// the consistent ingestion reader: the default one asks [`Store::ingested_key`] below, so the
+    /// missing keys stay missing there too.
+    pub(crate) struct AlteredStore {
+        pub(crate) store: RedbStore,
+        pub(crate) fail_next_commit: AtomicBool,
+        /// Ingested keys (`kind:id`) answered as unknown.
+        pub(crate) missing_keys: Vec<&'static str>,
     }
 
-    impl Store for FlakyStore {
+    impl AlteredStore {
+        pub(crate) fn new(store: RedbStore) -> AlteredStore {
+            AlteredStore { store, fail_next_commit: AtomicBool::new(false), missing_keys: Vec::new() }
+        }
+    }
+
+    impl Store for AlteredStore {
         fn read(&self, log: &str, from: u64, records_max: usize) -> Result<Vec<(u64, Vec<u8>)>, RuntimeError> {
             self.store.read(log, from, records_max)
         }
@@ -979,16 +991,25 @@ pub(crate) mod tests {
             self.store.event_position(event_id)
         }
         fn ingested_key(&self, key: &str) -> Result<Option<String>, RuntimeError> {
+            if self.missing_keys.contains(&key) {
+                return Ok(None);
+            }
             self.store.ingested_key(key)
-        }
-        fn ingestion_reader(&self) -> Result<Box<dyn crate::runtime::IngestionReader + '_>, RuntimeError> {
-            self.store.ingestion_reader()
         }
         fn get(&self, table: KeyValueTable, key: &str) -> Result<Option<String>, RuntimeError> {
             self.store.get(table, key)
         }
         fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
             self.store.put(table, key, value)
+        }
+        fn snapshot_every_records(&self) -> Option<u64> {
+            self.store.snapshot_every_records()
+        }
+        fn take_snapshot(&self, log: &str) -> Result<Option<Snapshot>, RuntimeError> {
+            self.store.take_snapshot(log)
+        }
+        fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
+            self.store.ingested_at_max_ms()
         }
     }
 
@@ -1030,10 +1051,7 @@ pub(crate) mod tests {
     #[test]
     fn a_commit_that_fails_after_apply_stops_the_partition() {
         let data_dir = tempfile::tempdir().expect("a temporary directory");
-        let store = FlakyStore {
-            store: RedbStore::open(data_dir.path()).expect("the store opens"),
-            fail_next_commit: AtomicBool::new(false),
-        };
+        let store = AlteredStore::new(RedbStore::open(data_dir.path()).expect("the store opens"));
         let log = stage_log(StageKind::Agent, 0);
         let record = encode(&rejected_recharge()).expect("encodes");
         store
