@@ -1586,8 +1586,8 @@ mod tests {
 
     /// An instance that does not ingest (`--no-ingest`) looks for an order's merchant and a card's agent
     /// in the partitions' state when its ingested keys lack them; the instance that ingests answers from
-    /// its keys alone, which hold every order and card binding it took (`EmbeddedChecks::
-    /// partition_fallback`). The same data directory and the same missing keys, one flag apart.
+    /// its keys alone, which hold every order and card binding it took
+    /// (`EmbeddedChecks::partition_fallback`). The same data directory and missing keys, one flag apart.
     #[test]
     fn only_an_instance_that_does_not_ingest_looks_for_missing_keys_in_the_partitions() {
         let directory = tempfile::tempdir().expect("a temporary directory");

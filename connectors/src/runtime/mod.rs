@@ -952,9 +952,10 @@ pub(crate) mod tests {
 
     /// The embedded store, altered as a test asks: a commit that fails as retryable when asked to, and
     /// ingested keys it answers as missing (as the keys of an instance that does not ingest lack another
-    /// instance's latest ingestion until it has read it). Everything else is the store's own, but for
-    /// the consistent ingestion reader: the default one asks [`Store::ingested_key`] below, so the
-    /// missing keys stay missing there too.
+    /// instance's latest ingestion until it has read it). The logs, offsets and keys are the store's;
+    /// what it does not delegate is the trait's default: batches committed one at a time, no records
+    /// kept in memory, and an ingestion reader that asks [`Store::ingested_key`] below, so the missing
+    /// keys stay missing there too.
     pub(crate) struct AlteredStore {
         pub(crate) store: RedbStore,
         pub(crate) fail_next_commit: AtomicBool,
@@ -1001,15 +1002,6 @@ pub(crate) mod tests {
         }
         fn put(&self, table: KeyValueTable, key: &str, value: &str) -> Result<(), RuntimeError> {
             self.store.put(table, key, value)
-        }
-        fn snapshot_every_records(&self) -> Option<u64> {
-            self.store.snapshot_every_records()
-        }
-        fn take_snapshot(&self, log: &str) -> Result<Option<Snapshot>, RuntimeError> {
-            self.store.take_snapshot(log)
-        }
-        fn ingested_at_max_ms(&self) -> Result<Option<i64>, RuntimeError> {
-            self.store.ingested_at_max_ms()
         }
     }
 
