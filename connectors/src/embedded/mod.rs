@@ -1020,31 +1020,21 @@ impl Inner {
         self.ingested_owner_in(self.ingestion_reader().as_deref(), kind, id)
     }
 
-    // An order's merchant and a card's agent are read from the keys ingestion recorded first, and from
-    // the partitions' state only when there is none: the keys answer without the partitions' locks,
-    // which a processing thread holds while it applies a round. Both name the same owner: it is
-    // recorded once, by the input that created the order or bound the card, and never changes. The
-    // instance that ingests checks its requests against the keys alone (`in_partitions` false:
-    // [`EmbeddedChecks::partition_fallback`]).
-
-    fn order_merchant_in(
+    /// The owner of `kind:id` (an order's merchant, a card's agent) from the keys ingestion recorded,
+    /// and from the partitions' state (`from_partitions`) only when there is none and `in_partitions`
+    /// says so. The keys answer without the partitions' locks, which a processing thread holds while it
+    /// applies a round. Both name the same owner: it is recorded once, by the input that created the
+    /// order or bound the card, and never changes. The instance that ingests checks its requests
+    /// against the keys alone (`in_partitions` false: [`EmbeddedChecks::partition_fallback`]).
+    fn owner_in(
         &self,
         reader: Option<&dyn IngestionReader>,
-        order_id: &str,
+        (kind, id): (&str, &str),
+        from_partitions: fn(&Inner, &str) -> Option<String>,
         in_partitions: bool,
     ) -> Option<String> {
-        let ingested = self.ingested_owner_in(reader, "order", order_id);
-        ingested.or_else(|| in_partitions.then(|| reads::order_merchant(self, order_id)).flatten())
-    }
-
-    fn card_owner_in(
-        &self,
-        reader: Option<&dyn IngestionReader>,
-        card_id: &str,
-        in_partitions: bool,
-    ) -> Option<String> {
-        let ingested = self.ingested_owner_in(reader, "card", card_id);
-        ingested.or_else(|| in_partitions.then(|| reads::card_owner(self, card_id)).flatten())
+        let ingested = self.ingested_owner_in(reader, kind, id);
+        ingested.or_else(|| in_partitions.then(|| from_partitions(self, id)).flatten())
     }
 
     /// The stage records an input is appended as, encoded and as made.
@@ -1097,7 +1087,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.order_merchant_in(self.reader.as_deref(), order_id, self.partition_fallback)
+        self.inner.owner_in(self.reader.as_deref(), ("order", order_id), reads::order_merchant, self.partition_fallback)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1109,7 +1099,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.card_owner_in(self.reader.as_deref(), card_id, self.partition_fallback)
+        self.inner.owner_in(self.reader.as_deref(), ("card", card_id), reads::card_owner, self.partition_fallback)
     }
 }
 
@@ -1166,7 +1156,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.order_merchant_in(self.inner.ingestion_reader().as_deref(), order_id, true)
+        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), ("order", order_id), reads::order_merchant, true)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1202,7 +1192,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.card_owner_in(self.inner.ingestion_reader().as_deref(), card_id, true)
+        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), ("card", card_id), reads::card_owner, true)
     }
 
     fn snapshot(&self) -> serde_json::Value {
@@ -1598,9 +1588,9 @@ mod tests {
         embedded.stop();
         drop(embedded);
         // The keys of an order and a card binding answered as missing, as keys behind another instance's.
-        let behind = || crate::runtime::tests::AlteredStore {
-            missing_keys: vec!["order:c0-0", "card:k3"],
-            ..crate::runtime::tests::AlteredStore::new(RedbStore::open(directory.path()).expect("opens"))
+        let behind = || {
+            let store = RedbStore::open(directory.path()).expect("opens");
+            crate::runtime::tests::AlteredStore::new(store).with_missing_keys(vec!["order:c0-0", "card:k3"])
         };
 
         let reading = Embedded::start_on(config.clone(), Box::new(behind()), None).expect("restarts");

@@ -957,15 +957,20 @@ pub(crate) mod tests {
     /// kept in memory, and an ingestion reader that asks [`Store::ingested_key`] below, so the missing
     /// keys stay missing there too.
     pub(crate) struct AlteredStore {
-        pub(crate) store: RedbStore,
-        pub(crate) fail_next_commit: AtomicBool,
+        store: RedbStore,
+        fail_next_commit: AtomicBool,
         /// Ingested keys (`kind:id`) answered as unknown.
-        pub(crate) missing_keys: Vec<&'static str>,
+        missing_keys: Vec<&'static str>,
     }
 
     impl AlteredStore {
         pub(crate) fn new(store: RedbStore) -> AlteredStore {
             AlteredStore { store, fail_next_commit: AtomicBool::new(false), missing_keys: Vec::new() }
+        }
+
+        /// The store answering `keys` (`kind:id`) as never ingested.
+        pub(crate) fn with_missing_keys(self, keys: Vec<&'static str>) -> AlteredStore {
+            AlteredStore { missing_keys: keys, ..self }
         }
     }
 
