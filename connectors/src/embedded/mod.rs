@@ -976,6 +976,19 @@ fn ingestion_key(kind: &str, id: &str) -> pipelines::Text {
     pipelines::joined(kind, ':', id)
 }
 
+/// A key whose owner both ingestion and a partition's state record ([`Inner::owner_in`]): its kind in
+/// the ingested keys (`kind:id`, as [`created_keys`] records it) paired with the partition read that
+/// finds the same owner, so a lookup cannot name one and read the other.
+struct OwnedKind {
+    kind: &'static str,
+    partition_read: fn(&Inner, &str) -> Option<String>,
+}
+
+/// An order's merchant.
+const ORDER_MERCHANT: OwnedKind = OwnedKind { kind: "order", partition_read: reads::order_merchant };
+/// A card's agent.
+const CARD_OWNER: OwnedKind = OwnedKind { kind: "card", partition_read: reads::card_owner };
+
 /// The wall clock as event time (only the runtime reads it; the stages never do).
 pub fn system_now() -> Timestamp {
     let millis = std::time::SystemTime::now()
@@ -1020,21 +1033,21 @@ impl Inner {
         self.ingested_owner_in(self.ingestion_reader().as_deref(), kind, id)
     }
 
-    /// The owner of `kind:id` (an order's merchant, a card's agent) from the keys ingestion recorded,
-    /// and from the partitions' state (`from_partitions`) only when there is none and `in_partitions`
-    /// says so. The keys answer without the partitions' locks, which a processing thread holds while it
-    /// applies a round. Both name the same owner: it is recorded once, by the input that created the
-    /// order or bound the card, and never changes. The instance that ingests checks its requests
-    /// against the keys alone (`in_partitions` false: [`EmbeddedChecks::partition_fallback`]).
+    /// The owner of `owned`'s `id` (an order's merchant, a card's agent) from the keys ingestion
+    /// recorded, and from the partitions' state only when there is none and `in_partitions` says so.
+    /// The keys answer without the partitions' locks, which a processing thread holds while it applies
+    /// a round. Both name the same owner: it is recorded once, by the input that created the order or
+    /// bound the card, and never changes. The instance that ingests checks its requests against the
+    /// keys alone (`in_partitions` false: [`EmbeddedChecks::partition_fallback`]).
     fn owner_in(
         &self,
         reader: Option<&dyn IngestionReader>,
-        (kind, id): (&str, &str),
-        from_partitions: fn(&Inner, &str) -> Option<String>,
+        owned: &OwnedKind,
+        id: &str,
         in_partitions: bool,
     ) -> Option<String> {
-        let ingested = self.ingested_owner_in(reader, kind, id);
-        ingested.or_else(|| in_partitions.then(|| from_partitions(self, id)).flatten())
+        let ingested = self.ingested_owner_in(reader, owned.kind, id);
+        ingested.or_else(|| in_partitions.then(|| (owned.partition_read)(self, id)).flatten())
     }
 
     /// The stage records an input is appended as, encoded and as made.
@@ -1087,7 +1100,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.owner_in(self.reader.as_deref(), ("order", order_id), reads::order_merchant, self.partition_fallback)
+        self.inner.owner_in(self.reader.as_deref(), &ORDER_MERCHANT, order_id, self.partition_fallback)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1099,7 +1112,7 @@ impl IngestionChecks for EmbeddedChecks<'_> {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.owner_in(self.reader.as_deref(), ("card", card_id), reads::card_owner, self.partition_fallback)
+        self.inner.owner_in(self.reader.as_deref(), &CARD_OWNER, card_id, self.partition_fallback)
     }
 }
 
@@ -1156,7 +1169,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn order_merchant(&self, order_id: &str) -> Option<String> {
-        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), ("order", order_id), reads::order_merchant, true)
+        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), &ORDER_MERCHANT, order_id, true)
     }
 
     fn user_exists(&self, user_id: &str) -> bool {
@@ -1192,7 +1205,7 @@ impl PipelineHandle for Embedded {
     }
 
     fn card_owner(&self, card_id: &str) -> Option<String> {
-        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), ("card", card_id), reads::card_owner, true)
+        self.inner.owner_in(self.inner.ingestion_reader().as_deref(), &CARD_OWNER, card_id, true)
     }
 
     fn snapshot(&self) -> serde_json::Value {
