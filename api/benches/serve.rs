@@ -40,8 +40,9 @@
 //! one request in flight each; `BENCH_SERIAL=1` posts both streams from one thread, one request at a
 //! time, as the rounds up to the thirty-ninth did: see [`post_all`]), the CPU time each process spent
 //! in the throughput phase (and per event posted, beside the 20 µs per event that 2 cores allow at the
-//! target's 100,000 events/s: [`cpu_per_event`]) and the service's by thread name (Linux: `/proc`), and
-//! the service's outputs by type (rejections by reason, callbacks by order kind and status) beside
+//! target's 100,000 events/s: [`cpu_per_event`]; as shares of the 2 cores' time, with the share none of
+//! them used: [`share_of_cores`]) and the service's by thread name (Linux: `/proc`), and the service's
+//! outputs by type (rejections by reason, callbacks by order kind and status) beside
 //! those of `paisa replay` of the same events (computed in-process): with the event clock and bulk
 //! posting, one stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced
 //! inputs), so the service does more crawls than replay and decides some orders otherwise (see
@@ -419,6 +420,34 @@ fn cpu_per_event(spent: &[Option<f64>], posted: usize) -> Option<String> {
     ))
 }
 
+/// The [`CORES`]' time in the phase split between the three processes and what none of them used
+/// (idle, or other processes): where the gap between the service's own CPU per event and the
+/// events/s the phase measured goes (`docs/PERFORMANCE.md`, sixty-third round). Also the events/s the
+/// service's CPU per event would allow if the cores were its alone, a figure for comparison only: the
+/// throughput claimed is the sustained one above, with the simulator and the client on the same cores.
+fn share_of_cores(spent: &[Option<f64>], elapsed_seconds: f64, posted: usize) -> Option<String> {
+    let cores_seconds = CORES * elapsed_seconds;
+    if cores_seconds <= 0.0 {
+        return None;
+    }
+    let seconds: Vec<f64> = spent.iter().copied().collect::<Option<Vec<f64>>>()?;
+    let percent = |value: f64| 100.0 * value / cores_seconds;
+    let unused = (cores_seconds - seconds.iter().sum::<f64>()).max(0.0);
+    let [serve, wallet_sim, client] = seconds[..] else { return None };
+    let serve_alone = (serve > 0.0).then(|| CORES * posted as f64 / serve);
+    Some(format!(
+        "  the {CORES:.0} cores' time in that phase: serve {:.0} %, wallet-sim {:.0} %, bench client {:.0} %, \
+         none of them (idle or other processes) {:.0} %{}",
+        percent(serve),
+        percent(wallet_sim),
+        percent(client),
+        percent(unused),
+        serve_alone
+            .map(|events_per_second| format!("; serve's CPU per event alone would fit {events_per_second:.0} events/s"))
+            .unwrap_or_default()
+    ))
+}
+
 /// Outputs by type in a SPEC §9 document's `outputs`.
 fn outputs_by_type(outputs: &[Value]) -> std::collections::BTreeMap<String, u64> {
     let mut counts = std::collections::BTreeMap::new();
@@ -537,6 +566,9 @@ fn main() {
         .collect();
     println!("CPU time in that phase ({CORES:.0} cores = {:.2} s): {}", CORES * elapsed.as_secs_f64(), cpu.join(", "));
     if let Some(line) = cpu_per_event(&spent, posted) {
+        println!("{line}");
+    }
+    if let Some(line) = share_of_cores(&spent, elapsed.as_secs_f64(), posted) {
         println!("{line}");
     }
     if let (Some(before), Some(after)) = (&serve_threads_before, &serve_threads_after) {
