@@ -42,8 +42,8 @@
 //! in the throughput phase (and per event posted, beside the 20 µs per event that 2 cores allow at the
 //! target's 100,000 events/s: [`cpu_per_event`]; as shares of the 2 cores' time, with the share none of
 //! them used: [`share_of_cores`]) and the service's by thread name (Linux: `/proc`), and the service's
-//! outputs by type (rejections by reason, callbacks by order kind and status) beside
-//! those of `paisa replay` of the same events (computed in-process): with the event clock and bulk
+//! outputs by type (rejections by reason, callbacks by order kind and status) beside those of
+//! `paisa replay` of the same events (computed in-process): with the event clock and bulk
 //! posting, one stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced
 //! inputs), so the service does more crawls than replay and decides some orders otherwise (see
 //! `docs/PERFORMANCE.md`).
@@ -398,6 +398,9 @@ fn cpu_by_thread_name_between(
     parts.join(", ")
 }
 
+/// The processes whose CPU time [`cpu_of`] reads, in its order.
+const PROCESSES: [&str; 3] = ["serve", "wallet-sim", "bench client"];
+
 /// CPU seconds of the service, the simulator and this client (the readers are not running yet).
 fn cpu_of(serve: &Server, wallet_sim: &Server) -> [Option<f64>; 3] {
     [cpu_seconds(serve.child.id()), cpu_seconds(wallet_sim.child.id()), cpu_seconds(std::process::id())]
@@ -431,16 +434,18 @@ fn share_of_cores(spent: &[Option<f64>], elapsed_seconds: f64, posted: usize) ->
         return None;
     }
     let seconds: Vec<f64> = spent.iter().copied().collect::<Option<Vec<f64>>>()?;
+    if seconds.len() != PROCESSES.len() {
+        return None;
+    }
     let percent = |value: f64| 100.0 * value / cores_seconds;
+    let shares: Vec<String> =
+        PROCESSES.iter().zip(&seconds).map(|(name, used)| format!("{name} {:.0} %", percent(*used))).collect();
     let unused = (cores_seconds - seconds.iter().sum::<f64>()).max(0.0);
-    let [serve, wallet_sim, client] = seconds[..] else { return None };
+    let serve = seconds[0];
     let serve_alone = (serve > 0.0).then(|| CORES * posted as f64 / serve);
     Some(format!(
-        "  the {CORES:.0} cores' time in that phase: serve {:.0} %, wallet-sim {:.0} %, bench client {:.0} %, \
-         none of them (idle or other processes) {:.0} %{}",
-        percent(serve),
-        percent(wallet_sim),
-        percent(client),
+        "  the {CORES:.0} cores' time in that phase: {}, none of them (idle or other processes) {:.0} %{}",
+        shares.join(", "),
         percent(unused),
         serve_alone
             .map(|events_per_second| format!("; serve's CPU per event alone would fit {events_per_second:.0} events/s"))
@@ -559,7 +564,7 @@ fn main() {
     );
     let spent: Vec<Option<f64>> =
         cpu_before.iter().zip(&cpu_after).map(|(before, after)| Some((*after)? - (*before)?)).collect();
-    let cpu: Vec<String> = ["serve", "wallet-sim", "bench client"]
+    let cpu: Vec<String> = PROCESSES
         .iter()
         .zip(&spent)
         .filter_map(|(name, seconds)| Some(format!("{name} {:.2} s", (*seconds)?)))
