@@ -40,13 +40,13 @@
 //! one request in flight each; `BENCH_SERIAL=1` posts both streams from one thread, one request at a
 //! time, as the rounds up to the thirty-ninth did: see [`post_all`]), the CPU time each process spent
 //! in the throughput phase (and per event posted, beside the 20 µs per event that 2 cores allow at the
-//! target's 100,000 events/s: [`cpu_per_event`]; as shares of the 2 cores' time, with the share none of
-//! them used: [`share_of_cores`]) and the service's by thread name (Linux: `/proc`), and the service's
-//! outputs by type (rejections by reason, callbacks by order kind and status) beside those of
-//! `paisa replay` of the same events (computed in-process): with the event clock and bulk
-//! posting, one stage's partitions run ahead of another's results (SPEC §3 gives parity only for spaced
-//! inputs), so the service does more crawls than replay and decides some orders otherwise (see
-//! `docs/PERFORMANCE.md`).
+//! target's 100,000 events/s, and the events/s the service's alone would fit: [`cpu_per_event`]; as
+//! shares of the 2 cores' time, with the share none of them used: [`share_of_cores`]) and the service's
+//! by thread name (Linux: `/proc`), and the service's outputs by type (rejections by reason, callbacks
+//! by order kind and status) beside those of `paisa replay` of the same events (computed in-process):
+//! with the event clock and bulk posting, one stage's partitions run ahead of another's results (SPEC
+//! §3 gives parity only for spaced inputs), so the service does more crawls than replay and decides
+//! some orders otherwise (see `docs/PERFORMANCE.md`).
 
 use pipelines::input::Command;
 use pipelines::Input;
@@ -408,48 +408,47 @@ fn cpu_of(serve: &Server, wallet_sim: &Server) -> [Option<f64>; 3] {
 
 /// The phase's CPU time per event posted, the service's and that of the three processes together,
 /// beside what the cores allow per event at the target rate: the three share the cores, so whenever
-/// their sum is above the allowance the target cannot be reached however the work is scheduled.
-fn cpu_per_event(spent: &[Option<f64>], posted: usize) -> Option<String> {
+/// their sum is above the allowance the target cannot be reached however the work is scheduled. Also
+/// the events/s the service's CPU per event would fit if the cores were its alone, a figure for
+/// comparison only: the throughput claimed is the sustained one, with the simulator and the client on
+/// the same cores (`docs/PERFORMANCE.md`, sixty-third round).
+fn cpu_per_event(spent: &[Option<f64>; 3], posted: usize) -> Option<String> {
     if posted == 0 {
         return None;
     }
     let per_event_us = |seconds: f64| seconds * 1e6 / posted as f64;
-    let serve = per_event_us((*spent.first()?)?);
+    let serve = per_event_us(spent[0]?);
     let all = per_event_us(spent.iter().copied().sum::<Option<f64>>()?);
     let allowed = CORES * 1e6 / TARGET_EVENTS_PER_SECOND;
+    let serve_alone = if serve > 0.0 {
+        format!("; serve's CPU per event alone would fit {:.0} events/s", CORES * 1e6 / serve)
+    } else {
+        String::new()
+    };
     Some(format!(
         "CPU per event: serve {serve:.1} µs, the three processes {all:.1} µs (at {TARGET_EVENTS_PER_SECOND:.0} \
-         events/s the {CORES:.0} cores allow {allowed:.1} µs)"
+         events/s the {CORES:.0} cores allow {allowed:.1} µs){serve_alone}"
     ))
 }
 
 /// The [`CORES`]' time in the phase split between the three processes and what none of them used
 /// (idle, or other processes): where the gap between the service's own CPU per event and the
-/// events/s the phase measured goes (`docs/PERFORMANCE.md`, sixty-third round). Also the events/s the
-/// service's CPU per event would allow if the cores were its alone, a figure for comparison only: the
-/// throughput claimed is the sustained one above, with the simulator and the client on the same cores.
-fn share_of_cores(spent: &[Option<f64>], elapsed_seconds: f64, posted: usize) -> Option<String> {
+/// events/s the phase measured goes (`docs/PERFORMANCE.md`, sixty-third round).
+fn share_of_cores(spent: &[Option<f64>; 3], elapsed_seconds: f64) -> Option<String> {
     let cores_seconds = CORES * elapsed_seconds;
     if cores_seconds <= 0.0 {
         return None;
     }
-    let seconds: Vec<f64> = spent.iter().copied().collect::<Option<Vec<f64>>>()?;
-    if seconds.len() != PROCESSES.len() {
-        return None;
-    }
+    let [serve, wallet_sim, client] = *spent;
+    let seconds = [serve?, wallet_sim?, client?];
     let percent = |value: f64| 100.0 * value / cores_seconds;
     let shares: Vec<String> =
-        PROCESSES.iter().zip(&seconds).map(|(name, used)| format!("{name} {:.0} %", percent(*used))).collect();
+        PROCESSES.iter().zip(seconds).map(|(name, used)| format!("{name} {:.0} %", percent(used))).collect();
     let unused = (cores_seconds - seconds.iter().sum::<f64>()).max(0.0);
-    let serve = seconds[0];
-    let serve_alone = (serve > 0.0).then(|| CORES * posted as f64 / serve);
     Some(format!(
-        "  the {CORES:.0} cores' time in that phase: {}, none of them (idle or other processes) {:.0} %{}",
+        "  the {CORES:.0} cores' time in that phase: {}, none of them (idle or other processes) {:.0} %",
         shares.join(", "),
-        percent(unused),
-        serve_alone
-            .map(|events_per_second| format!("; serve's CPU per event alone would fit {events_per_second:.0} events/s"))
-            .unwrap_or_default()
+        percent(unused)
     ))
 }
 
@@ -562,8 +561,7 @@ fn main() {
         posted as f64 / elapsed.as_secs_f64(),
         posted_after.as_secs_f64()
     );
-    let spent: Vec<Option<f64>> =
-        cpu_before.iter().zip(&cpu_after).map(|(before, after)| Some((*after)? - (*before)?)).collect();
+    let spent: [Option<f64>; 3] = std::array::from_fn(|index| Some(cpu_after[index]? - cpu_before[index]?));
     let cpu: Vec<String> = PROCESSES
         .iter()
         .zip(&spent)
@@ -573,7 +571,7 @@ fn main() {
     if let Some(line) = cpu_per_event(&spent, posted) {
         println!("{line}");
     }
-    if let Some(line) = share_of_cores(&spent, elapsed.as_secs_f64(), posted) {
+    if let Some(line) = share_of_cores(&spent, elapsed.as_secs_f64()) {
         println!("{line}");
     }
     if let (Some(before), Some(after)) = (&serve_threads_before, &serve_threads_after) {
